@@ -1,0 +1,167 @@
+"""One typed configuration: TOML file < environment (RATCHET_*) < CLI flags.
+
+The file is `ratchet.toml` in the working directory, or the path in `RATCHET_CONFIG`
+(the CLI's `--config` sets that). Nested fields use `__` in environment variables,
+e.g. `RATCHET_MODEL__ENDPOINT=http://127.0.0.1:8000/v1`.
+All state (trajectories, MLflow, Prefect, model cache, logs) lives under `data_dir`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from ratchet.errors import ConfigError
+
+CONFIG_ENV = "RATCHET_CONFIG"
+DEFAULT_CONFIG_FILE = "ratchet.toml"
+
+
+class ModelSettings(BaseModel):
+    endpoint: str = Field(
+        default="",
+        description="OpenAI-compatible base URL (…/v1). Empty: ratchet starts its embedded server.",
+    )
+    name: str = Field(default="smollm2-135m-instruct", description="model name sent in requests")
+    api_key: str = Field(default="not-needed", description="API key for the endpoint")
+    timeout_s: float = Field(default=120.0, gt=0, description="per-request timeout")
+    max_tokens: int = Field(default=96, gt=0, description="completion budget per step")
+    port: int = Field(default=0, ge=0, le=65535, description="embedded server port (0 = any free)")
+    max_batch: int = Field(default=8, ge=1, description="embedded server: max sequences per batch")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https:// (or be empty for the embedded server)")
+        return v
+
+
+class ExploreSettings(BaseModel):
+    rollouts_per_task: int = Field(default=2, ge=1, description="k rollouts per train task")
+    temperature: float = Field(default=0.8, gt=0, le=2, description="sampling temperature (> 0)")
+    epsilon: float = Field(
+        default=0.1, ge=0, le=1, description="chance to take a random valid action instead (explore only)"
+    )
+
+
+class EvaluateSettings(BaseModel):
+    temperature: float = Field(default=0.0, ge=0, le=2, description="0 = greedy")
+    rollouts_per_task: int = Field(default=1, ge=1)
+
+
+class SplitSizes(BaseModel):
+    train: int = Field(default=4, ge=0, description="train tasks per subset")
+    dev: int = Field(default=4, ge=0, description="dev tasks per subset")
+    test: int = Field(default=4, ge=0, description="test tasks per subset")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="RATCHET_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    data_dir: Path = Field(default=Path(".ratchet"), description="all state lives here")
+    evolution: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$", description="evolution name")
+    suite: str = Field(
+        default="textworld-express",
+        description="suite plug-in, optionally with subsets: 'reasoning-gym:chain_sum,countdown'",
+    )
+    seed: int = Field(default=0, description="base seed: task sampling and rollout seeds derive from it")
+    concurrency: int = Field(default=4, ge=1, description="rollouts in flight at once")
+    max_steps: int | None = Field(default=None, ge=1, description="override the suite's step budget")
+    history_window: int = Field(default=4, ge=1, description="past steps shown to the model")
+    trace_sample_rate: float = Field(
+        default=0.0, ge=0, le=1, description="fraction of rollouts traced to MLflow (LangGraph autolog)"
+    )
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    splits: SplitSizes = Field(default_factory=SplitSizes)
+    explore: ExploreSettings = Field(default_factory=ExploreSettings)
+    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = Path(os.environ.get(CONFIG_ENV, DEFAULT_CONFIG_FILE))
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path.is_file():
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    # --- where things live under data_dir -------------------------------------------------
+    @property
+    def trajectories_db(self) -> Path:
+        return self.data_dir / "trajectories.db"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"sqlite:///{(self.data_dir / 'mlflow.db').resolve()}"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return (self.data_dir / "mlartifacts").resolve()
+
+    @property
+    def prefect_home(self) -> Path:
+        return (self.data_dir / "prefect").resolve()
+
+    @property
+    def models_dir(self) -> Path:
+        return (self.data_dir / "models").resolve()
+
+    @property
+    def logs_dir(self) -> Path:
+        return (self.data_dir / "logs").resolve()
+
+
+def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+    """Build settings, turning any validation problem into one readable ConfigError line."""
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ConfigError(f"config file {config_file} not found", "check the --config path")
+        os.environ[CONFIG_ENV] = str(config_file)
+    try:
+        return Settings(**_nest(overrides or {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(
+            f"invalid setting {where}: {first['msg']}{more}",
+            "fix it in ratchet.toml, the RATCHET_* environment or the flag",
+        ) from None
+    except Exception as exc:  # malformed TOML and the like
+        raise ConfigError(f"cannot read settings: {exc}", "fix the config file") from None
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """{'model.endpoint': x} -> {'model': {'endpoint': x}}; None values mean 'not given'."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        if value is None:
+            continue
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out

@@ -1,0 +1,43 @@
+"""Errors a user can act on.
+
+Every failure caused by input or environment (unknown suite, unreachable endpoint,
+bad config, missing Java, a port in use) is a `RatchetError`: the CLI prints its one
+line and exits non-zero. Anything else is a bug in ratchet and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class RatchetError(Exception):
+    """A problem the user can fix; `str()` is one line: what is wrong, then what to do."""
+
+    exit_code = 2
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem}. {fix}".strip() if fix else problem)
+
+
+class ConfigError(RatchetError):
+    """Settings file, environment or flags are invalid."""
+
+
+class UnknownSuiteError(RatchetError):
+    """A suite name that no installed plug-in provides."""
+
+
+class EndpointError(RatchetError):
+    """The model endpoint cannot be reached or answers wrongly."""
+
+
+class EnvironmentMissingError(RatchetError):
+    """A system dependency (e.g. Java 17) is not installed."""
+
+
+class PortInUseError(RatchetError):
+    """The embedded server's port is taken."""
+
+
+class TransientModelError(Exception):
+    """A model call that may succeed when retried (timeouts, 5xx, dropped connections)."""

@@ -1,0 +1,173 @@
+"""The loop's vocabulary as data: Task, Step, Trajectory, Policy (see shared/DESIGN.md).
+
+These are the boundary types every layer speaks. They are pydantic models so they
+serialize to JSON (trajectory store, MLflow artifacts, JSONL export) without glue.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from ratchet.hashing import content_hash
+
+Split = Literal["train", "dev", "test"]
+SPLITS: tuple[Split, ...] = ("train", "dev", "test")
+
+
+class Task(BaseModel):
+    """One task instance; `id` alone is enough to rebuild it (`Suite.load(id)`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(description="'<suite>:<subset>:<split>:<seed>' — replayable from this string alone")
+    suite: str
+    subset: str = Field(description="game or dataset inside the suite, e.g. 'coin' or 'chain_sum'")
+    split: Split
+    seed: int
+    instruction: str = Field(description="what the agent is asked to do")
+    max_steps: int = Field(description="step budget for one rollout")
+    spec: dict[str, Any] = Field(default_factory=dict, description="what the environment needs to replay it")
+
+
+def task_id(suite: str, subset: str, split: Split, seed: int) -> str:
+    return f"{suite}:{subset}:{split}:{seed}"
+
+
+def parse_task_id(tid: str) -> tuple[str, str, Split, int]:
+    """Inverse of `task_id`; raises ValueError on a malformed id."""
+    parts = tid.split(":")
+    if len(parts) != 4 or parts[2] not in SPLITS or not parts[3].lstrip("-").isdigit():
+        raise ValueError(f"malformed task id {tid!r}: expected '<suite>:<subset>:<split>:<seed>'")
+    return parts[0], parts[1], parts[2], int(parts[3])  # type: ignore[return-value]
+
+
+class ToolCall(BaseModel):
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Step(BaseModel):
+    """One turn: what the agent saw, what the model said, which tool it called, what came back."""
+
+    index: int
+    observation: str = Field(description="the observation the model acted on")
+    message: str = Field(default="", description="model text content, if any")
+    tool_call: ToolCall | None = None
+    tool_result: str = ""
+    source: Literal["model", "epsilon", "expert"] = "model"
+    error: str | None = Field(default=None, description="set when this step raised or was invalid")
+    reward: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+
+
+class Trajectory(BaseModel):
+    """One rollout of a policy on a task. Stored even when it ends in an error."""
+
+    id: str
+    evolution: str
+    generation: int
+    task_id: str
+    suite: str
+    subset: str
+    split: Split
+    rollout: int
+    seed: int = Field(description="sampling seed of this rollout")
+    policy_version: str
+    kind: Literal["agent", "expert"] = "agent"
+    instruction: str = ""
+    steps: list[Step] = Field(default_factory=list)
+    status: Literal["finished", "error"] = "finished"
+    success: bool = False
+    score: float = 0.0
+    error: str | None = None
+    seconds: float = 0.0
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.prompt_tokens for s in self.steps)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.steps)
+
+
+def trajectory_id(evolution: str, generation: int, task_id: str, rollout: int) -> str:
+    """Deterministic id: the same rollout slot always maps to the same row (idempotent writes)."""
+    return content_hash([evolution, generation, task_id, rollout], length=20)
+
+
+class SkillText(BaseModel):
+    """The part of a skill the policy needs at run time: its rendered text (format: issue 3)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str
+    body: str
+
+    @property
+    def content_hash(self) -> str:
+        return content_hash([self.name, self.description, self.body])
+
+
+class ToolSpec(BaseModel):
+    """An action the policy can take, as an OpenAI function: name, description, JSON schema."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+class Policy(BaseModel):
+    """What acts: model endpoint + LoRA adapter + active skills + active tools."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str = Field(description="base model identity (served name)")
+    adapter: str | None = Field(default=None, description="served adapter name, None = base model")
+    adapter_hash: str | None = Field(default=None, description="content hash of the adapter weights")
+    skills: tuple[SkillText, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+
+    @property
+    def served_model(self) -> str:
+        """The `model` field of a chat request: adapters are addressed by name, like vLLM."""
+        return self.adapter or self.model
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def version(self) -> str:
+        return content_hash(
+            {
+                "model": self.model,
+                "adapter": self.adapter_hash,
+                "skills": sorted(s.content_hash for s in self.skills),
+                "tools": sorted(content_hash(t.model_dump()) for t in self.tools),
+            },
+            length=12,
+        )

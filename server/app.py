@@ -1,0 +1,286 @@
+"""OpenAI-compatible HTTP API over the Engine: the embedded default model server.
+
+Why not `transformers serve`: measured on this stack (shared/STACK-NOTES.md) it ignores
+`response_format` and `tool_choice` and emits no `tool_calls` for this model, and the
+135M model emits almost no valid actions unconstrained. So this server renders tools into
+the prompt itself and constrains the output with xgrammar:
+
+* `tools` + `tool_choice` "required" or a named function: the reply is forced to be
+  `{"name": <tool>, "arguments": <that tool's JSON schema>}` and returned as `tool_calls`;
+* `tools` + "auto" (the default): forced to be either such a call or `{"content": "..."}`;
+* `response_format` `json_schema` / `json_object`: forced to match;
+* otherwise free text.
+
+Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
+`POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (vLLM's request shape:
+`{"lora_name": ..., "lora_path": ...}`; afterwards the adapter is addressed as `model`).
+Only loopback binding is supported: there is no authentication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from functools import lru_cache
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.engine import AdapterError, Engine, GenRequest, GenResult
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    seed: int | None = None
+    n: int = 1
+    stream: bool = False
+
+
+class LoraRequest(BaseModel):
+    lora_name: str = Field(min_length=1)
+    lora_path: str = ""
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
+
+
+def tool_call_schema(tools: list[dict[str, Any]], allow_text: bool) -> dict[str, Any]:
+    """JSON schema of one call to any of `tools` (plus a text reply when `allow_text`)."""
+    options: list[dict[str, Any]] = []
+    for t in tools:
+        fn = t.get("function", t)
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    if allow_text:
+        options.append(
+            {
+                "type": "object",
+                "properties": {"content": {"type": "string", "maxLength": 2000}},
+                "required": ["content"],
+                "additionalProperties": False,
+            }
+        )
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def render_tools(tools: list[dict[str, Any]]) -> str:
+    lines = ['You can call these functions. Reply with JSON: {"name": <function>, "arguments": {...}}.']
+    for t in tools:
+        fn = t.get("function", t)
+        props = (fn.get("parameters") or {}).get("properties", {})
+        args = ", ".join(
+            f"{k}: {v.get('type', 'any')}" + (f" (one of {v['enum']})" if "enum" in v else "")
+            for k, v in props.items()
+        )
+        lines.append(f"- {fn['name']}({args}): {fn.get('description', '')}")
+    return "\n".join(lines)
+
+
+def to_chatml_messages(messages: list[dict[str, Any]], tools_text: str | None) -> list[dict[str, str]]:
+    """OpenAI messages -> plain role/content turns the model's ChatML template understands."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        role = m.get("role", "user")
+        content = m.get("content") or ""
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if role == "assistant" and m.get("tool_calls"):
+            calls = [
+                {"name": c["function"]["name"], "arguments": _loads(c["function"].get("arguments"))}
+                for c in m["tool_calls"]
+            ]
+            content = json.dumps(calls[0] if len(calls) == 1 else calls, separators=(",", ":"))
+        elif role == "tool":
+            role, content = "user", f"Result: {content}"
+        elif role == "developer":
+            role = "system"
+        out.append({"role": role, "content": str(content)})
+    if tools_text:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + tools_text}
+        else:
+            out.insert(0, {"role": "system", "content": tools_text})
+    return out
+
+
+def _loads(s: Any) -> Any:
+    if isinstance(s, str):
+        try:
+            return json.loads(s)
+        except json.JSONDecodeError:
+            return s
+    return s or {}
+
+
+def create_app(engine: Engine, model_name: str) -> FastAPI:
+    app = FastAPI(title="ratchet embedded model server")
+    started = int(time.time())
+
+    @lru_cache(maxsize=256)
+    def compiled(schema_json: str | None) -> Any:
+        return engine.compile_any_json() if schema_json is None else engine.compile_json_schema(schema_json)
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "adapters": sorted(engine.adapters)}
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        data = [{"id": model_name, "object": "model", "created": started, "owned_by": "ratchet"}]
+        data += [
+            {"id": a, "object": "model", "created": started, "owned_by": "ratchet", "parent": model_name,
+             "root": path}
+            for a, path in sorted(engine.adapters.items())
+        ]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/load_lora_adapter")
+    def load_lora(req: LoraRequest) -> Any:
+        if req.lora_name == model_name:
+            return _error(400, f"adapter name {req.lora_name!r} is the base model's name")
+        try:
+            engine.load_adapter(req.lora_name, req.lora_path)
+        except AdapterError as exc:
+            return _error(400, str(exc))
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    def unload_lora(req: LoraRequest) -> Any:
+        try:
+            engine.unload_adapter(req.lora_name)
+        except AdapterError as exc:
+            return _error(404, str(exc), "not_found_error")
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request) -> Any:
+        if req.model not in (model_name, *engine.adapters):
+            return _error(404, f"model {req.model!r} not found (have {model_name!r} and adapters "
+                               f"{sorted(engine.adapters)})", "not_found_error")
+        if req.n != 1:
+            return _error(400, "only n=1 is supported")
+        tools = req.tools or []
+        choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+        schema: dict[str, Any] | None = None
+        want_json = False
+        if tools and choice != "none":
+            if isinstance(choice, dict):
+                name = choice.get("function", {}).get("name")
+                tools = [t for t in tools if t.get("function", t).get("name") == name]
+                if not tools:
+                    return _error(400, f"tool_choice names unknown function {name!r}")
+            schema = tool_call_schema(tools, allow_text=(choice == "auto"))
+        elif req.response_format:
+            kind = req.response_format.get("type")
+            if kind == "json_schema":
+                schema = (req.response_format.get("json_schema") or {}).get("schema")
+                if not isinstance(schema, dict):
+                    return _error(400, "response_format.json_schema.schema must be an object")
+            elif kind == "json_object":
+                want_json = True
+        tools_text = render_tools(tools) if tools and choice != "none" else None
+        turns = to_chatml_messages(req.messages, tools_text)
+        prompt_ids = engine.tokenizer.apply_chat_template(
+            turns, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if hasattr(prompt_ids, "input_ids"):
+            prompt_ids = prompt_ids["input_ids"]
+        try:
+            grammar = compiled(json.dumps(schema, sort_keys=True)) if schema is not None else (
+                compiled(None) if want_json else None
+            )
+        except Exception as exc:  # noqa: BLE001 - a schema xgrammar can't compile is the caller's error
+            return _error(400, f"cannot compile JSON schema: {exc}")
+        gen = GenRequest(
+            prompt_ids=list(prompt_ids),
+            max_tokens=req.max_completion_tokens or req.max_tokens or 256,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            grammar=grammar,
+            adapter=None if req.model == model_name else req.model,
+        )
+        try:
+            result = await asyncio.wrap_future(engine.submit(gen))
+        except AdapterError as exc:
+            return _error(404, str(exc), "not_found_error")
+        body = completion_body(req.model, result, tool_mode=schema is not None and bool(tools))
+        if req.stream:
+            return StreamingResponse(_sse(body), media_type="text/event-stream")
+        return body
+
+    return app
+
+
+def completion_body(model: str, res: GenResult, tool_mode: bool) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": res.text}
+    finish = res.finish_reason
+    if tool_mode and res.grammar_complete:
+        parsed = json.loads(res.text)
+        if "name" in parsed:
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{uuid.uuid4().hex[:24]}",
+                        "type": "function",
+                        "function": {
+                            "name": parsed["name"],
+                            "arguments": json.dumps(parsed.get("arguments", {})),
+                        },
+                    }
+                ],
+            }
+            finish = "tool_calls"
+        else:
+            message["content"] = parsed.get("content", "")
+    completion = len(res.token_ids) + (1 if res.finish_reason == "stop" else 0)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {
+            "prompt_tokens": res.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": res.prompt_tokens + completion,
+        },
+    }
+
+
+async def _sse(body: dict[str, Any]) -> Any:
+    """Stream a finished completion as one delta chunk (enough for clients that ask for SSE)."""
+    choice = body["choices"][0]
+    delta = dict(choice["message"])
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [dict(c, index=i) for i, c in enumerate(delta["tool_calls"])]
+    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    yield f"data: {json.dumps(base | {'choices': [{'index': 0, 'delta': delta}]})}\n\n"
+    end = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
+    yield f"data: {json.dumps(base | {'choices': [end], 'usage': body['usage']})}\n\n"
+    yield "data: [DONE]\n\n"
+

@@ -1,0 +1,131 @@
+"""Start and stop the embedded server as a child process, and check any endpoint is reachable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from ratchet.errors import EndpointError, PortInUseError
+
+READY_TIMEOUT_S = 300.0  # first start converts the GGUF (~20 s quiet, more on a loaded box)
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise PortInUseError(
+                f"port {port} on {host} is already in use",
+                "stop what is using it, or set model.port to another port (0 = any free port)",
+            ) from None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_endpoint(base_url: str, api_key: str = "x", timeout: float = 10.0) -> list[str]:
+    """GET {base_url}/models; returns the served model ids or raises one clear EndpointError."""
+    try:
+        r = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise EndpointError(
+            f"model endpoint {base_url} is unreachable ({type(exc).__name__})",
+            "start the server or fix model.endpoint (empty = use the embedded server)",
+        ) from None
+    if r.status_code != 200:
+        raise EndpointError(
+            f"model endpoint {base_url} answered HTTP {r.status_code} to /models",
+            "check the URL (it should end in /v1) and the API key",
+        )
+    try:
+        return [m["id"] for m in r.json().get("data", [])]
+    except (ValueError, KeyError, TypeError):
+        raise EndpointError(
+            f"{base_url}/models did not return an OpenAI model list", "is this an OpenAI-compatible API?"
+        ) from None
+
+
+class EmbeddedServer:
+    """Context manager: `with EmbeddedServer(models_dir, logs_dir) as base_url: ...`."""
+
+    def __init__(
+        self, models_dir: Path, logs_dir: Path, port: int = 0, max_batch: int = 8, host: str = "127.0.0.1"
+    ) -> None:
+        self.models_dir = models_dir
+        self.logs_dir = logs_dir
+        self.host = host
+        self.port = port
+        self.max_batch = max_batch
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> str:
+        if self.port:
+            check_port_free(self.host, self.port)
+        else:
+            self.port = free_port(self.host)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.logs_dir / "server.log"
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("RATCHET_SERVER_THREADS", "2"),
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "server", "--host", self.host, "--port", str(self.port),
+                 "--models-dir", str(self.models_dir), "--max-batch", str(self.max_batch)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                last = _last_line(log_path)
+                self.proc = None
+                raise EndpointError(f"embedded model server exited at start: {last}", f"see {log_path}")
+            try:
+                if httpx.get(f"http://{self.host}:{self.port}/health", timeout=2).status_code == 200:
+                    return self.base_url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise EndpointError(f"embedded model server not ready after {READY_TIMEOUT_S:.0f} s", f"see {log_path}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][:300] if lines else "no output"

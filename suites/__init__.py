@@ -1,0 +1,10 @@
+"""Task suites: sources of Tasks with verifiers and fixed, disjoint train/dev/test splits.
+
+A suite is a plug-in registered under the entry-point group `ratchet.suites`
+(see `suites.registry`); the two shipped here are ordinary plug-ins too.
+"""
+
+from suites.base import ActionError, Episode, StepResult, Suite
+from suites.registry import available_suites, get_suite
+
+__all__ = ["ActionError", "Episode", "StepResult", "Suite", "available_suites", "get_suite"]

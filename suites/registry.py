@@ -1,0 +1,45 @@
+"""Find suites through the `ratchet.suites` entry-point group, so third parties can add one."""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+
+from ratchet.errors import UnknownSuiteError
+from suites.base import Suite
+
+GROUP = "ratchet.suites"
+
+
+def available_suites() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def parse_suite_spec(spec: str) -> tuple[str, list[str] | None]:
+    """'name' or 'name:subset,subset' -> (name, subsets or None for the suite's defaults)."""
+    name, _, rest = spec.strip().partition(":")
+    subsets = [s.strip() for s in rest.split(",") if s.strip()] or None
+    return name, subsets
+
+
+def get_suite(spec: str) -> Suite:
+    """Instantiate a suite by spec; an unknown name lists the installed ones."""
+    name, subsets = parse_suite_spec(spec)
+    found = available_suites()
+    if name not in found:
+        known = ", ".join(sorted(found)) or "none"
+        raise UnknownSuiteError(
+            f"unknown suite {name!r} (installed: {known})",
+            "pick one of those, or install a package that registers it under 'ratchet.suites'",
+        )
+    cls = found[name].load()
+    if not (isinstance(cls, type) and issubclass(cls, Suite)):
+        raise UnknownSuiteError(f"entry point {name!r} is not a ratchet Suite", "fix the plug-in")
+    if subsets:
+        known_subsets = cls.available_subsets()
+        bad = [s for s in subsets if s not in known_subsets]
+        if bad:
+            raise UnknownSuiteError(
+                f"suite {name!r} has no subset {', '.join(map(repr, bad))}",
+                f"choose from: {', '.join(known_subsets)}",
+            )
+    return cls(subsets)
