@@ -237,7 +237,7 @@ class Engine:
             input_ids=input_ids,
             attention_mask=attn,
             position_ids=positions,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1, :].float()
@@ -283,7 +283,7 @@ class Engine:
                 input_ids=tokens[:, None],
                 attention_mask=attn,
                 position_ids=next_pos[:, None],
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             ).logits[:, -1, :].float()
             next_pos = next_pos + 1

@@ -1,0 +1,182 @@
+"""The actor: the policy acting in one episode, as a LangGraph StateGraph.
+
+    START → model ─(tool call)→ tools ─(not done, budget left)→ model …
+              └─(no tool call, budget left)→ model        └─(done / budget spent)→ END
+
+Environment actions are tools (the episode's `tools()` may change every step, e.g. the
+valid moves of a text game); active skills enter through the system prompt and active
+tools are bound beside the environment's (the policy's two hooks). The episode and the
+step recorder live in the run's context, not in graph state: a node that raises loses its
+state update, but its step is still appended to `context.steps` in a `finally` block.
+Errors the model causes (no tool call, an invalid action) are shown to it and the episode
+goes on; errors in our code or the environment propagate.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.runtime import Runtime
+
+from agents.prompts import system_prompt, task_prompt
+from ratchet.hashing import content_hash
+from ratchet.types import Policy, Step, ToolCall
+from suites.base import ActionError, Episode, StepResult
+
+
+class ToolRunner(Protocol):
+    """Executes the policy's active tools (the MCP toolbox); returns the text result."""
+
+    def call(self, name: str, args: dict[str, Any]) -> str: ...
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    max_steps: int
+    temperature: float = 0.0
+    epsilon: float = 0.0  # explore only: chance of a random valid action instead of the model's
+    history_window: int = 4
+    seed: int = 0
+
+
+@dataclass
+class RolloutContext:
+    """Per-run state that is not serializable or must survive a raising node."""
+
+    episode: Episode
+    policy: Policy
+    settings: ActorSettings
+    observation: str
+    tool_runner: ToolRunner | None = None
+    steps: list[Step] = field(default_factory=list)
+    outcome: StepResult | None = None
+    pending: Step | None = None
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.settings.seed)
+
+    @property
+    def budget_left(self) -> bool:
+        return len(self.steps) < self.settings.max_steps
+
+
+class ActorState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    task: str  # instruction + first observation, always shown
+
+
+def build_actor(llm: BaseChatModel) -> Any:
+    """Compile the actor graph around a chat model (ChatOpenAI, or a scripted fake in unit tests)."""
+
+    def model(state: ActorState, runtime: Runtime[RolloutContext]) -> dict[str, Any]:
+        ctx = runtime.context
+        step = Step(index=len(ctx.steps), observation=ctx.observation)
+        started = time.perf_counter()
+        try:
+            call = None
+            if ctx.settings.epsilon > 0 and ctx.rng.random() < ctx.settings.epsilon:
+                call = ctx.episode.random_action(ctx.rng)
+            if call is not None:
+                step.source = "epsilon"
+                msg = AIMessage(content="", tool_calls=[
+                    {"name": call.name, "args": call.args, "id": f"eps_{step.index}", "type": "tool_call"}
+                ])
+            else:
+                msg = _ask(llm, state, ctx, step)
+            if not msg.tool_calls:
+                step.message = str(msg.content)
+                step.error = "no tool call"
+                return {}  # not kept in history: the model is asked again with a fresh seed
+            first = msg.tool_calls[0]
+            step.message = str(msg.content or "")
+            step.tool_call = ToolCall(name=first["name"], args=first["args"])
+            ctx.pending = step
+            # keep one call per turn so every call in history has its tool result
+            return {"messages": [AIMessage(content=msg.content, tool_calls=[first], id=msg.id)]}
+        except Exception as exc:
+            step.error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            step.seconds = time.perf_counter() - started
+            if ctx.pending is not step:
+                ctx.steps.append(step)
+
+    def tools(state: ActorState, runtime: Runtime[RolloutContext]) -> dict[str, Any]:
+        ctx = runtime.context
+        step, ctx.pending = ctx.pending, None
+        assert step is not None and step.tool_call is not None
+        call_id = state["messages"][-1].tool_calls[0]["id"]  # type: ignore[union-attr]
+        started = time.perf_counter()
+        try:
+            result = _execute(ctx, step.tool_call)
+            step.tool_result, step.reward = result.observation, result.reward
+            if result.done:
+                ctx.outcome = result
+        except ActionError as exc:
+            step.error = str(exc)
+            step.tool_result = f"Invalid action: {exc}"
+        except Exception as exc:
+            step.error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            step.seconds += time.perf_counter() - started
+            ctx.steps.append(step)
+        ctx.observation = step.tool_result
+        return {"messages": [ToolMessage(content=step.tool_result, tool_call_id=call_id)]}
+
+    def after_model(state: ActorState, runtime: Runtime[RolloutContext]) -> str:
+        if runtime.context.pending is not None:
+            return "tools"
+        return "model" if runtime.context.budget_left else END
+
+    def after_tools(state: ActorState, runtime: Runtime[RolloutContext]) -> str:
+        ctx = runtime.context
+        return END if ctx.outcome is not None or not ctx.budget_left else "model"
+
+    graph = StateGraph(ActorState, context_schema=RolloutContext)
+    graph.add_node("model", model)
+    graph.add_node("tools", tools)
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", after_model, ["tools", "model", END])
+    graph.add_conditional_edges("tools", after_tools, ["model", END])
+    return graph.compile(name="actor")
+
+
+def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step) -> AIMessage:
+    """One model call: system prompt with skills, the task, the last few steps; tool choice required."""
+    window = state["messages"][-2 * ctx.settings.history_window :]
+    prompt: list[AnyMessage] = [
+        SystemMessage(system_prompt(ctx.policy.skills)),
+        HumanMessage(state["task"]),
+        *window,
+    ]
+    tool_defs = [t.to_openai() for t in (*ctx.episode.tools(), *ctx.policy.tools)]
+    seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
+    bound = llm.bind_tools(tool_defs, tool_choice="required")
+    msg = bound.invoke(prompt, temperature=ctx.settings.temperature, seed=seed)
+    usage = getattr(msg, "usage_metadata", None) or {}
+    step.prompt_tokens = int(usage.get("input_tokens", 0))
+    step.completion_tokens = int(usage.get("output_tokens", 0))
+    return msg  # type: ignore[return-value]
+
+
+def _execute(ctx: RolloutContext, call: ToolCall) -> StepResult:
+    if call.name in {t.name for t in ctx.episode.tools()}:
+        return ctx.episode.step(call)
+    if call.name in {t.name for t in ctx.policy.tools}:
+        if ctx.tool_runner is None:
+            raise RuntimeError(f"policy tool {call.name!r} is active but no tool runner was given")
+        return StepResult(observation=ctx.tool_runner.call(call.name, call.args))
+    raise ActionError(f"unknown tool {call.name!r}")
+
+
+def initial_state(instruction: str, observation: str) -> ActorState:
+    return {"messages": [], "task": task_prompt(instruction, observation)}

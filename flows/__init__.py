@@ -1,0 +1,1 @@
+"""Prefect flows, one module per stage of the loop (explore, evaluate, generation, ...)."""

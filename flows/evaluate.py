@@ -1,0 +1,16 @@
+"""Prefect flow `evaluate`: the held-out test split, fixed seeds, greedy by default."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows import tracking
+from flows.runtime import open_runtime
+from flows.stages import StageResult, evaluate_stage
+from ratchet.config import Settings
+
+
+@flow(name="evaluate", validate_parameters=False)
+def evaluate(settings: Settings, generation: int = 0, base_url: str | None = None) -> StageResult:
+    with open_runtime(settings, base_url) as rt, tracking.generation_run(settings, generation):
+        return evaluate_stage(rt, generation, rt.base_policy())

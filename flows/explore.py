@@ -1,0 +1,16 @@
+"""Prefect flow `explore`: k rollouts per train task of the current policy."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows import tracking
+from flows.runtime import open_runtime
+from flows.stages import StageResult, explore_stage
+from ratchet.config import Settings
+
+
+@flow(name="explore", validate_parameters=False)
+def explore(settings: Settings, generation: int = 0, base_url: str | None = None) -> StageResult:
+    with open_runtime(settings, base_url) as rt, tracking.generation_run(settings, generation):
+        return explore_stage(rt, generation, rt.base_policy())

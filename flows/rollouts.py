@@ -1,0 +1,140 @@
+"""Rollouts as Prefect tasks: mapped with a concurrency limit, retried on transient model errors,
+and skipped when a finished trajectory for the same slot is already stored (resumable)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
+
+from agents.actor import ActorSettings
+from agents.model import is_transient
+from agents.rollout import RolloutSlot, run_rollout
+from flows.progress import report
+from flows.runtime import LoopRuntime
+from ratchet.types import Policy, Trajectory
+
+
+def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    exc = state.data if isinstance(state.data, BaseException) else None
+    if exc is None:
+        try:
+            state.result(raise_on_failure=True)
+        except BaseException as e:  # noqa: BLE001 - we only classify it
+            exc = e
+    return exc is not None and is_transient(exc)
+
+
+@task(
+    name="rollout",
+    retries=3,
+    retry_delay_seconds=[2, 5, 15],
+    retry_condition_fn=_retry_transient,
+    cache_policy=NO_CACHE,
+    task_run_name="rollout {slot.task.id} #{slot.rollout}",
+)
+def rollout_task(rt: LoopRuntime, slot: RolloutSlot, policy: Policy, settings: ActorSettings) -> str:
+    """Play one slot and store its trajectory (an upsert: a retried or rerun slot replaces its row)."""
+    traj = run_rollout(rt.actor, rt.suite, slot, policy, settings)
+    rt.store.put(traj)
+    return traj.id
+
+
+@dataclass
+class RolloutReport:
+    """What a set of rollouts achieved; metrics are over stored finished trajectories."""
+
+    split: str
+    n: int
+    successes: int
+    errors: int
+    skipped: int
+    mean_steps: float
+    prompt_tokens: int
+    completion_tokens: int
+    rollout_seconds: float
+    by_task: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.n if self.n else 0.0
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        return wilson_interval(self.successes, self.n)
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        lo, hi = self.ci95
+        return {
+            f"{prefix}_success": self.success_rate,
+            f"{prefix}_success_ci_low": lo,
+            f"{prefix}_success_ci_high": hi,
+            f"{prefix}_rollouts": float(self.n),
+            f"{prefix}_errors": float(self.errors),
+            f"{prefix}_mean_steps": self.mean_steps,
+            f"{prefix}_prompt_tokens": float(self.prompt_tokens),
+            f"{prefix}_completion_tokens": float(self.completion_tokens),
+            f"{prefix}_rollout_seconds": self.rollout_seconds,
+        }
+
+
+def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval for a success rate (sane at 0/n and n/n, unlike the normal one)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def run_slots(
+    rt: LoopRuntime,
+    slots: Sequence[RolloutSlot],
+    policy: Policy,
+    settings_for: Callable[[RolloutSlot], ActorSettings],
+    stage: str,
+) -> RolloutReport:
+    """Run every slot not already finished in the store; return the report over all slots."""
+    done_ids = rt.store.finished_ids([s.id for s in slots])
+    todo = [s for s in slots if s.id not in done_ids]
+    total, finished = len(slots), len(done_ids)
+    report(stage, finished, total)
+    futures = [rollout_task.submit(rt, s, policy, settings_for(s)) for s in todo]
+    failed = 0
+    for fut in as_completed(futures) if futures else ():
+        if fut.state.is_failed():
+            failed += 1
+        finished += 1
+        report(stage, finished, total)
+    trajectories = [t for s in slots if (t := rt.store.get(s.id)) is not None]
+    rep = summarize(trajectories, split=slots[0].task.split if slots else "", skipped=len(done_ids))
+    rep.errors += failed
+    return rep
+
+
+def summarize(trajectories: Sequence[Trajectory], split: str, skipped: int = 0) -> RolloutReport:
+    finished = [t for t in trajectories if t.status == "finished" and t.kind == "agent"]
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for t in finished:
+        by_task[t.task_id].append(t.success)
+    n = len(finished)
+    return RolloutReport(
+        split=split,
+        n=n,
+        successes=sum(t.success for t in finished),
+        errors=sum(t.status == "error" for t in trajectories),
+        skipped=skipped,
+        mean_steps=sum(t.n_steps for t in finished) / n if n else 0.0,
+        prompt_tokens=sum(t.prompt_tokens for t in finished),
+        completion_tokens=sum(t.completion_tokens for t in finished),
+        rollout_seconds=sum(t.seconds for t in finished),
+        by_task={k: sum(v) / len(v) for k, v in sorted(by_task.items())},
+    )

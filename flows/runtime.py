@@ -1,0 +1,75 @@
+"""What every flow needs open while it runs: suite, trajectory store, model endpoint, actor.
+
+The endpoint is either the configured one (checked once, with a clear error if it is
+unreachable) or the embedded server, started here and stopped when the `with` ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from agents.actor import build_actor
+from agents.model import chat_model
+from memory.trajectory_store import TrajectoryStore, open_store
+from ratchet.config import Settings
+from ratchet.errors import EndpointError
+from ratchet.runtime_env import prepare_environment
+from ratchet.types import Policy
+from server.launcher import EmbeddedServer, check_endpoint
+from server.weights import BASE_MODEL_NAME
+from suites import Suite, get_suite
+
+
+@dataclass
+class LoopRuntime:
+    settings: Settings
+    suite: Suite
+    store: TrajectoryStore
+    base_url: str
+    actor: Any
+
+    def base_policy(self) -> Policy:
+        """Generation 0: the endpoint's model, no adapter, no skills, no tools."""
+        return Policy(model=self.settings.model.name)
+
+
+@contextmanager
+def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[str]:
+    """Yield a reachable OpenAI-compatible base URL serving `settings.model.name`."""
+    url = base_url or settings.model.endpoint
+    if url:
+        served = check_endpoint(url, settings.model.api_key)
+        if served and settings.model.name not in served:
+            raise EndpointError(
+                f"{url} does not serve model {settings.model.name!r} (it serves: {', '.join(served[:5])})",
+                "set model.name to one of those",
+            )
+        yield url
+        return
+    if settings.model.name != BASE_MODEL_NAME:
+        raise EndpointError(
+            f"the embedded server only serves {BASE_MODEL_NAME!r}, not {settings.model.name!r}",
+            "set model.endpoint to a server for that model, or leave model.name at its default",
+        )
+    with EmbeddedServer(settings.models_dir, settings.logs_dir, port=settings.model.port,
+                        max_batch=settings.model.max_batch) as url:
+        yield url
+
+
+@contextmanager
+def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[LoopRuntime]:
+    prepare_environment(settings)
+    suite = get_suite(settings.suite)
+    suite.check()
+    store = open_store(settings.trajectories_db)
+    try:
+        with model_endpoint(settings, base_url) as url:
+            llm = chat_model(url, settings.model.name, settings.model.api_key,
+                             settings.model.timeout_s, settings.model.max_tokens)
+            yield LoopRuntime(settings, suite, store, url, build_actor(llm))
+    finally:
+        suite.close()
+        store.close()

@@ -1,0 +1,103 @@
+"""Explore and evaluate as plain functions over an open LoopRuntime.
+
+The `explore`, `evaluate` and `generation` flows call these; keeping them flow-free lets
+one runtime (one model server, one suite pool) serve several stages of a generation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlflow
+
+from agents.actor import ActorSettings
+from agents.rollout import RolloutSlot
+from flows import tracking
+from flows.rollouts import RolloutReport, run_slots
+from flows.runtime import LoopRuntime
+from ratchet.hashing import content_hash
+from ratchet.types import Policy, Split
+
+
+@dataclass
+class StageResult:
+    stage: str
+    report: RolloutReport
+    wall_seconds: float
+    policy_version: str
+
+
+def derive_seed(*parts: object) -> int:
+    return int(content_hash(list(parts), length=8), 16) % (2**31)
+
+
+def explore_stage(rt: LoopRuntime, generation: int, policy: Policy) -> StageResult:
+    """k sampled rollouts per train task, with epsilon-random exploration (never used to evaluate)."""
+    s = rt.settings
+    tasks = rt.suite.tasks("train", s.splits.train)
+    slots = [RolloutSlot(s.evolution, generation, t, r)
+             for t in tasks for r in range(s.explore.rollouts_per_task)]
+
+    def settings_for(slot: RolloutSlot) -> ActorSettings:
+        return ActorSettings(
+            max_steps=s.max_steps or slot.task.max_steps,
+            temperature=s.explore.temperature,
+            epsilon=s.explore.epsilon,
+            history_window=s.history_window,
+            seed=derive_seed(s.seed, slot.id),
+        )
+
+    return _run(rt, "explore", "train", slots, policy, settings_for)
+
+
+def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Split = "test") -> StageResult:
+    """The held-out split with fixed seeds: the same tasks and seeds every generation."""
+    s = rt.settings
+    tasks = rt.suite.tasks(split, getattr(s.splits, split))
+    slots = [RolloutSlot(s.evolution, generation, t, r)
+             for t in tasks for r in range(s.evaluate.rollouts_per_task)]
+
+    def settings_for(slot: RolloutSlot) -> ActorSettings:
+        return ActorSettings(
+            max_steps=s.max_steps or slot.task.max_steps,
+            temperature=s.evaluate.temperature,
+            epsilon=0.0,
+            history_window=s.history_window,
+            seed=derive_seed("evaluate", slot.task.id, slot.rollout),  # independent of settings.seed
+        )
+
+    return _run(rt, "evaluate", split, slots, policy, settings_for)
+
+
+def _run(rt: LoopRuntime, stage: str, split: Split, slots: list[RolloutSlot], policy: Policy,
+         settings_for: object) -> StageResult:
+    started = time.perf_counter()
+    report = run_slots(rt, slots, policy, settings_for, stage)  # type: ignore[arg-type]
+    result = StageResult(stage, report, time.perf_counter() - started, policy.version)
+    if mlflow.active_run() is not None:
+        _log(rt, result, split, slots)
+    return result
+
+
+def _log(rt: LoopRuntime, result: StageResult, split: Split, slots: list[RolloutSlot]) -> None:
+    s = rt.settings
+    tracking.log_params({
+        "policy_version": result.policy_version,
+        "model": s.model.name,
+        "endpoint": s.model.endpoint or "embedded",
+        "suite": s.suite,
+        "experts_used": False,
+        f"{result.stage}_tasks": len({sl.task.id for sl in slots}),
+        f"{result.stage}_rollouts_per_task": (s.explore if result.stage == "explore" else s.evaluate)
+        .rollouts_per_task,
+        f"{result.stage}_temperature": (s.explore if result.stage == "explore" else s.evaluate).temperature,
+        **({"explore_epsilon": s.explore.epsilon} if result.stage == "explore" else {}),
+    })
+    mlflow.log_metrics(result.report.metrics(split) | {f"{result.stage}_wall_seconds": result.wall_seconds})
+    trajectories = [t for sl in slots if (t := rt.store.get(sl.id)) is not None]
+    tracking.log_success_plot(result.report.by_task, result.stage,
+                              f"{result.stage}: success by task ({split}, policy {result.policy_version})")
+    tracking.log_trajectory_sample(trajectories, result.stage)
+    tracking.log_summary({"split": split, **result.report.__dict__, "wall_seconds": result.wall_seconds},
+                         result.stage)

@@ -1,0 +1,116 @@
+"""MLflow bookkeeping: one experiment per evolution, a parent run, a child run per generation.
+
+Runs are found again by tags, so rerunning a stage of a generation (after a crash, or
+`ratchet evaluate` after `ratchet explore`) logs into the same generation run instead of
+starting a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from ratchet.config import Settings
+from ratchet.types import Trajectory
+
+KIND, EVOLUTION, GENERATION = "ratchet.kind", "ratchet.evolution", "ratchet.generation"
+
+
+def experiment_name(evolution: str) -> str:
+    return f"ratchet-{evolution}"
+
+
+def setup(settings: Settings) -> str:
+    """Point MLflow at the data dir's store; return the evolution's experiment id."""
+    mlflow.set_tracking_uri(settings.mlflow_uri)
+    name = experiment_name(settings.evolution)
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        location = (settings.mlflow_artifacts / settings.evolution).as_uri()
+        exp_id = client.create_experiment(name, artifact_location=location)
+    else:
+        exp_id = exp.experiment_id
+    mlflow.set_experiment(experiment_id=exp_id)
+    if settings.trace_sample_rate > 0:
+        os.environ["MLFLOW_TRACE_SAMPLING_RATIO"] = str(settings.trace_sample_rate)
+        mlflow.langchain.autolog(log_traces=True)
+    return exp_id
+
+
+def _find_run(client: MlflowClient, exp_id: str, tags: dict[str, str]) -> str | None:
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs([exp_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"])
+    return runs[0].info.run_id if runs else None
+
+
+@contextmanager
+def generation_run(settings: Settings, generation: int) -> Iterator[str]:
+    """Open (or reopen) the evolution's parent run and the generation's child run; yield its id."""
+    exp_id = setup(settings)
+    client = MlflowClient()
+    evo_tags = {KIND: "evolution", EVOLUTION: settings.evolution}
+    parent_id = _find_run(client, exp_id, evo_tags)
+    gen_tags = {KIND: "generation", EVOLUTION: settings.evolution, GENERATION: str(generation)}
+    child_id = _find_run(client, exp_id, gen_tags)
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    with mlflow.start_run(run_id=parent_id, run_name=f"evolution {settings.evolution}",
+                          tags=None if parent_id else evo_tags):
+        with mlflow.start_run(run_id=child_id, nested=True, run_name=f"generation {generation}",
+                              tags=None if child_id else gen_tags) as child:
+            yield child.info.run_id
+
+
+def log_params(params: dict[str, Any]) -> None:
+    """Params are immutable in MLflow: a rerun with a changed value records it as a tag instead."""
+    run = mlflow.active_run()
+    assert run is not None
+    existing = MlflowClient().get_run(run.info.run_id).data.params
+    fresh = {k: str(v) for k, v in params.items() if k not in existing}
+    if fresh:
+        mlflow.log_params(fresh)
+    for k, v in params.items():
+        if k in existing and existing[k] != str(v):
+            mlflow.set_tag(f"param_changed.{k}", str(v))
+
+
+def log_trajectory_sample(trajectories: list[Trajectory], stage: str, per_outcome: int = 3) -> None:
+    """A few successes and failures as JSONL, for reading in the MLflow UI."""
+    wins = [t for t in trajectories if t.success][:per_outcome]
+    losses = [t for t in trajectories if not t.success][:per_outcome]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"{stage}_trajectories.jsonl"
+        path.write_text("".join(t.model_dump_json() + "\n" for t in wins + losses))
+        mlflow.log_artifact(str(path), artifact_path="samples")
+
+
+def log_success_plot(by_task: dict[str, float], stage: str, title: str) -> None:
+    """Bar chart of success rate per task: what a person would rather see than read."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [k.split(":", 1)[1] for k in by_task]  # drop the suite prefix
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(labels) + 2), 4))
+    ax.bar(range(len(labels)), list(by_task.values()), color="#3b7dd8")
+    ax.set_xticks(range(len(labels)), labels, rotation=70, ha="right", fontsize=7)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success rate")
+    ax.set_title(title)
+    fig.tight_layout()
+    mlflow.log_figure(fig, f"plots/{stage}_success_by_task.png")
+    plt.close(fig)
+
+
+def log_summary(summary: dict[str, Any], stage: str) -> None:
+    mlflow.log_text(json.dumps(summary, indent=2, default=str), f"summary/{stage}.json")

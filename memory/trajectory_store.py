@@ -1,0 +1,435 @@
+"""Trajectory store: every rollout, finished or failed, keyed by its deterministic id.
+
+`TrajectoryStore` is the interface flows talk to; `SQLiteTrajectoryStore` is the embedded
+backend (one file in WAL mode, safe for a thread pool of rollouts writing at once). A
+Postgres backend can implement the same protocol later; `open_store` picks the backend.
+
+Writes are upserts on `Trajectory.id`, which is derived from (evolution, generation,
+task_id, rollout): rerunning a killed generation rewrites the same rows, and
+`finished_ids` tells a flow which rollouts it can skip.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ratchet.errors import ConfigError
+from ratchet.types import Split, Trajectory
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "SQLiteTrajectoryStore",
+    "TrajectoryStore",
+    "TrajectorySummary",
+    "open_store",
+]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectorySummary:
+    """A trajectory without its steps: cheap enough to list thousands of them."""
+
+    id: str
+    evolution: str
+    generation: int
+    task_id: str
+    subset: str
+    split: Split
+    rollout: int
+    kind: str
+    status: str
+    success: bool
+    score: float
+    n_steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    policy_version: str
+    created_at: datetime
+
+
+@runtime_checkable
+class TrajectoryStore(Protocol):
+    """What every trajectory backend provides. All methods are safe to call from any thread."""
+
+    def put(self, traj: Trajectory) -> None:
+        """Insert or atomically replace the trajectory with this id."""
+        ...
+
+    def get(self, id: str) -> Trajectory | None: ...
+
+    def finished_ids(self, ids: Iterable[str]) -> set[str]:
+        """The subset of `ids` stored with status 'finished' (error rows do not count)."""
+        ...
+
+    def query(
+        self,
+        *,
+        evolution: str | None = None,
+        generation: int | None = None,
+        task_id: str | None = None,
+        split: Split | None = None,
+        suite: str | None = None,
+        success: bool | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        policy_version: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Trajectory]:
+        """Matching trajectories ordered by (generation, task_id, rollout), ties broken by
+        (evolution, id) so that limit/offset pages are stable."""
+        ...
+
+    def summaries(
+        self,
+        *,
+        evolution: str | None = None,
+        generation: int | None = None,
+        task_id: str | None = None,
+        split: Split | None = None,
+        suite: str | None = None,
+        success: bool | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        policy_version: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TrajectorySummary]:
+        """Like `query`, without loading steps."""
+        ...
+
+    def count(
+        self,
+        *,
+        evolution: str | None = None,
+        generation: int | None = None,
+        task_id: str | None = None,
+        split: Split | None = None,
+        suite: str | None = None,
+        success: bool | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        policy_version: str | None = None,
+    ) -> int: ...
+
+    def export_jsonl(self, path: str | os.PathLike[str], **filters: Any) -> int:
+        """Write matching trajectories as JSON lines (all or nothing); returns how many."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- SQLite backend
+
+_SCHEMA = (
+    """CREATE TABLE trajectories (
+        id                TEXT PRIMARY KEY,
+        evolution         TEXT    NOT NULL,
+        generation        INTEGER NOT NULL,
+        task_id           TEXT    NOT NULL,
+        suite             TEXT    NOT NULL,
+        subset            TEXT    NOT NULL,
+        split             TEXT    NOT NULL,
+        rollout           INTEGER NOT NULL,
+        kind              TEXT    NOT NULL,
+        status            TEXT    NOT NULL,
+        success           INTEGER NOT NULL,
+        score             REAL    NOT NULL,
+        n_steps           INTEGER NOT NULL,
+        prompt_tokens     INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        seconds           REAL    NOT NULL,
+        policy_version    TEXT    NOT NULL,
+        created_at        TEXT    NOT NULL,
+        data              TEXT    NOT NULL  -- Trajectory.model_dump_json(), the only copy of steps
+    )""",
+    "CREATE INDEX ix_traj_order ON trajectories (evolution, generation, task_id, rollout)",
+    "CREATE INDEX ix_traj_task ON trajectories (task_id)",
+    "CREATE INDEX ix_traj_split ON trajectories (split, suite)",
+    "CREATE INDEX ix_traj_status ON trajectories (status, success)",
+    "CREATE INDEX ix_traj_policy ON trajectories (policy_version)",
+)
+
+# Row columns besides `data`, in insert order; all of them are attributes of Trajectory.
+_COLUMNS = (
+    "id", "evolution", "generation", "task_id", "suite", "subset", "split", "rollout", "kind",
+    "status", "success", "score", "n_steps", "prompt_tokens", "completion_tokens", "seconds",
+    "policy_version", "created_at",
+)  # fmt: skip
+_FILTERS = (
+    "evolution", "generation", "task_id", "split", "suite", "success", "status", "kind",
+    "policy_version",
+)  # fmt: skip
+_SUMMARY_COLUMNS = tuple(f.name for f in fields(TrajectorySummary))
+_ORDER = "ORDER BY generation, task_id, rollout, evolution, id"
+
+_UPSERT = (
+    f"INSERT INTO trajectories ({', '.join(_COLUMNS)}, data) "
+    f"VALUES ({', '.join('?' * (len(_COLUMNS) + 1))}) "
+    f"ON CONFLICT(id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in (*_COLUMNS[1:], "data"))
+)
+
+
+def _where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
+    unknown = set(filters) - set(_FILTERS)
+    if unknown:
+        raise TypeError(f"unknown trajectory filter(s): {', '.join(sorted(unknown))}")
+    used = [(k, v) for k, v in filters.items() if v is not None]
+    if not used:
+        return "", []
+    clause = " AND ".join(f"{k} = ?" for k, _ in used)
+    return f"WHERE {clause}", [int(v) if isinstance(v, bool) else v for _, v in used]
+
+
+class SQLiteTrajectoryStore:
+    """Trajectories in one SQLite file (WAL), one connection per thread."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if str(path) == ":memory:":
+            raise ConfigError(
+                "the SQLite trajectory store needs a file, not ':memory:'",
+                "pass a file path (e.g. under tmp_path in tests)",
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        self._closed = False
+        try:
+            self._create_schema()
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise ConfigError(
+                f"cannot open trajectory store {self.path}: {e}",
+                "point the store at a writable SQLite file or a new path",
+            ) from e
+        except BaseException:
+            self.close()
+            raise
+
+    def _create_schema(self) -> None:
+        conn = self._conn()
+        conn.execute("PRAGMA journal_mode=WAL")  # persistent: recorded in the file
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise ConfigError(
+                    f"trajectory store {self.path} has schema version {row[0]}, "
+                    f"this ratchet expects {SCHEMA_VERSION}",
+                    "use a ratchet version matching the store or point to a new store file",
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # -- connections
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise RuntimeError(f"trajectory store {self.path} is closed")
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            # isolation_level=None: autocommit, so each single-statement write is atomic on its own.
+            # check_same_thread=False only so close() can close every thread's connection.
+            conn = sqlite3.connect(
+                self.path, timeout=30, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+
+    def __enter__(self) -> SQLiteTrajectoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writes
+
+    def put(self, traj: Trajectory) -> None:
+        values = [getattr(traj, c) for c in _COLUMNS]
+        values[_COLUMNS.index("success")] = int(traj.success)
+        values[_COLUMNS.index("created_at")] = traj.created_at.isoformat()
+        self._conn().execute(_UPSERT, (*values, traj.model_dump_json()))
+
+    # -- reads
+
+    def get(self, id: str) -> Trajectory | None:
+        row = self._conn().execute("SELECT data FROM trajectories WHERE id = ?", (id,)).fetchone()
+        return None if row is None else Trajectory.model_validate_json(row[0])
+
+    def finished_ids(self, ids: Iterable[str]) -> set[str]:
+        wanted = list(dict.fromkeys(ids))
+        found: set[str] = set()
+        for i in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
+            chunk = wanted[i : i + 500]
+            rows = self._conn().execute(
+                f"SELECT id FROM trajectories WHERE status = 'finished' "
+                f"AND id IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            found.update(r[0] for r in rows)
+        return found
+
+    def _select(
+        self, columns: str, filters: dict[str, Any], limit: int | None = None, offset: int = 0
+    ) -> sqlite3.Cursor:
+        where, params = _where(filters)
+        sql = f"SELECT {columns} FROM trajectories {where} {_ORDER} LIMIT ? OFFSET ?"
+        return self._conn().execute(sql, (*params, -1 if limit is None else limit, offset))
+
+    def _iter(
+        self, filters: dict[str, Any], limit: int | None = None, offset: int = 0
+    ) -> Iterator[Trajectory]:
+        for (data,) in self._select("data", filters, limit, offset):
+            yield Trajectory.model_validate_json(data)
+
+    def query(
+        self,
+        *,
+        evolution: str | None = None,
+        generation: int | None = None,
+        task_id: str | None = None,
+        split: Split | None = None,
+        suite: str | None = None,
+        success: bool | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        policy_version: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Trajectory]:
+        filters = dict(
+            evolution=evolution, generation=generation, task_id=task_id, split=split,
+            suite=suite, success=success, status=status, kind=kind, policy_version=policy_version,
+        )  # fmt: skip
+        return list(self._iter(filters, limit, offset))
+
+    def summaries(
+        self,
+        *,
+        evolution: str | None = None,
+        generation: int | None = None,
+        task_id: str | None = None,
+        split: Split | None = None,
+        suite: str | None = None,
+        success: bool | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        policy_version: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TrajectorySummary]:
+        filters = dict(
+            evolution=evolution, generation=generation, task_id=task_id, split=split,
+            suite=suite, success=success, status=status, kind=kind, policy_version=policy_version,
+        )  # fmt: skip
+        rows = self._select(", ".join(_SUMMARY_COLUMNS), filters, limit, offset)
+        out = []
+        for row in rows:
+            values = dict(zip(_SUMMARY_COLUMNS, row, strict=True))
+            values["success"] = bool(values["success"])
+            values["created_at"] = datetime.fromisoformat(values["created_at"])
+            out.append(TrajectorySummary(**values))
+        return out
+
+    def count(
+        self,
+        *,
+        evolution: str | None = None,
+        generation: int | None = None,
+        task_id: str | None = None,
+        split: Split | None = None,
+        suite: str | None = None,
+        success: bool | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+        policy_version: str | None = None,
+    ) -> int:
+        where, params = _where(
+            dict(
+                evolution=evolution, generation=generation, task_id=task_id, split=split,
+                suite=suite, success=success, status=status, kind=kind,
+                policy_version=policy_version,
+            )
+        )  # fmt: skip
+        sql = f"SELECT COUNT(*) FROM trajectories {where}"
+        return self._conn().execute(sql, params).fetchone()[0]
+
+    def export_jsonl(self, path: str | os.PathLike[str], **filters: Any) -> int:
+        limit, offset = filters.pop("limit", None), filters.pop("offset", 0)
+        rows = self._iter(filters, limit, offset)  # validates every row before it is written
+        return _write_jsonl_atomically(Path(path), (t.model_dump_json() for t in rows))
+
+
+def _write_jsonl_atomically(path: Path, lines: Iterable[str]) -> int:
+    """Write lines to a temp file beside `path`, then rename: a failure leaves no half file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    n = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(line + "\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return n
+
+
+# ---------------------------------------------------------------- factory
+
+
+def open_store(path_or_url: str | os.PathLike[str]) -> TrajectoryStore:
+    """Open a trajectory store: a file path or `sqlite:///path` (only SQLite for now)."""
+    target = os.fspath(path_or_url)
+    if target.startswith("sqlite:///"):
+        target = target.removeprefix("sqlite:///")
+    elif target.startswith("sqlite:"):
+        raise ConfigError(
+            f"malformed SQLite URL {target!r}",
+            "write sqlite:///relative/path.db or sqlite:////absolute/path.db",
+        )
+    elif "://" in target:
+        scheme = target.split("://", 1)[0]  # never echo the rest: URLs can carry passwords
+        raise ConfigError(
+            f"trajectory store URL scheme {scheme!r} is not supported",
+            "use a file path or sqlite:///path/to/trajectories.db",
+        )
+    if not target:
+        raise ConfigError("trajectory store path is empty", "set it to a file path")
+    return SQLiteTrajectoryStore(target)

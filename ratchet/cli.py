@@ -1,0 +1,284 @@
+"""The `ratchet` command (Typer + Rich). The top of the import graph: only this module imports flows.
+
+Every command builds one Settings from ratchet.toml < RATCHET_* environment < flags, and
+any RatchetError (bad input, missing Java, unreachable endpoint, port in use) is printed
+as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ratchet.config import Settings, load_settings
+from ratchet.errors import RatchetError
+from ratchet.runtime_env import prepare_environment
+
+app = typer.Typer(help="Make LLM agents improve themselves from their own trajectories.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+suites_app = typer.Typer(help="Task suites (plug-ins under the 'ratchet.suites' entry point group).",
+                         no_args_is_help=True)
+traj_app = typer.Typer(help="Stored trajectories.", no_args_is_help=True)
+app.add_typer(suites_app, name="suites")
+app.add_typer(traj_app, name="trajectories")
+
+console = Console()
+err = Console(stderr=True)
+
+_global: dict[str, Any] = {}
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML settings file (default ./ratchet.toml)")]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="where all state lives")]
+SuiteOpt = Annotated[str | None, typer.Option("--suite", "-s", help="suite[:subset,...]")]
+EndpointOpt = Annotated[str | None, typer.Option("--endpoint", help="OpenAI-compatible base URL; empty = embedded")]
+GenOpt = Annotated[int, typer.Option("--generation", "-g", min=0, help="generation number")]
+
+
+@app.callback()
+def _options(
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    suite: SuiteOpt = None,
+    endpoint: EndpointOpt = None,
+    evolution: Annotated[str | None, typer.Option(help="evolution name")] = None,
+    seed: Annotated[int | None, typer.Option(help="base seed")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="rollouts in flight")] = None,
+) -> None:
+    _global.update(config=config, data_dir=data_dir, suite=suite, evolution=evolution, seed=seed,
+                   concurrency=concurrency, **{"model.endpoint": endpoint})
+
+
+def _settings(**overrides: Any) -> Settings:
+    flat = {k: v for k, v in _global.items() if k != "config"} | overrides
+    settings = load_settings(flat, config_file=_global.get("config"))
+    prepare_environment(settings)
+    return settings
+
+
+@contextmanager
+def _guard() -> Iterator[None]:
+    try:
+        yield
+    except RatchetError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted: finished rollouts are stored; run the same command again to resume")
+        raise typer.Exit(130) from None
+
+
+@contextmanager
+def _progress() -> Iterator[None]:
+    from flows.progress import listen
+
+    bars: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=False) as progress:
+        def on_event(stage: str, done: int, total: int) -> None:
+            if stage not in bars:
+                bars[stage] = progress.add_task(stage, total=total)
+            progress.update(bars[stage], completed=done, total=total)
+
+        with listen(on_event):
+            yield
+
+
+# ------------------------------------------------------------------------------------ commands
+@app.command()
+def serve(
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8000,
+    max_batch: Annotated[int, typer.Option(help="max sequences per batch")] = 8,
+) -> None:
+    """Run the embedded model server in the foreground (OpenAI-compatible, on 127.0.0.1)."""
+    with _guard():
+        settings = _settings()
+        from server.__main__ import main as server_main
+        from server.launcher import check_port_free
+
+        check_port_free("127.0.0.1", port)
+        console.print(f"serving on http://127.0.0.1:{port}/v1 (Ctrl-C to stop)")
+        raise typer.Exit(server_main(["--port", str(port), "--models-dir", str(settings.models_dir),
+                                      "--max-batch", str(max_batch)]))
+
+
+@app.command()
+def explore(
+    generation: GenOpt = 0,
+    train: Annotated[int | None, typer.Option(help="train tasks per subset")] = None,
+    k: Annotated[int | None, typer.Option("-k", help="rollouts per task")] = None,
+) -> None:
+    """Explore: k rollouts per train task, stored as trajectories (rerun = resume)."""
+    with _guard():
+        settings = _settings(**{"splits.train": train, "explore.rollouts_per_task": k})
+        from flows.explore import explore as explore_flow
+        from flows.launch import run_flow
+
+        with _progress():
+            result = run_flow(explore_flow, settings, generation=generation)
+        _print_stages(settings, [result])
+
+
+@app.command()
+def evaluate(
+    generation: GenOpt = 0,
+    test: Annotated[int | None, typer.Option(help="test tasks per subset")] = None,
+) -> None:
+    """Evaluate the policy on the held-out test split (fixed seeds)."""
+    with _guard():
+        settings = _settings(**{"splits.test": test})
+        from flows.evaluate import evaluate as evaluate_flow
+        from flows.launch import run_flow
+
+        with _progress():
+            result = run_flow(evaluate_flow, settings, generation=generation)
+        _print_stages(settings, [result])
+
+
+@app.command()
+def run(
+    generation: GenOpt = 0,
+    train: Annotated[int | None, typer.Option(help="train tasks per subset")] = None,
+    test: Annotated[int | None, typer.Option(help="test tasks per subset")] = None,
+    k: Annotated[int | None, typer.Option("-k", help="rollouts per train task")] = None,
+) -> None:
+    """Run one generation (today: explore + evaluate) and print its summary."""
+    with _guard():
+        settings = _settings(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
+        from flows.generation import generation_flow
+        from flows.launch import run_flow
+
+        with _progress():
+            result = run_flow(generation_flow, settings, generation=generation)
+        _print_stages(settings, [result.explore, result.evaluate], run_id=result.run_id)
+
+
+@app.command()
+def doctor() -> None:
+    """Check the installation: Java, the shipped model, the suites."""
+    with _guard():
+        from server.weights import shipped_gguf
+        from suites import available_suites, get_suite
+
+        console.print(f"model weights: {shipped_gguf()}")
+        for name in sorted(available_suites()):
+            get_suite(name).check()
+            console.print(f"suite {name}: ok")
+        console.print("[green]ratchet is installed[/]")
+
+
+@suites_app.command("list")
+def suites_list() -> None:
+    """List installed suites and their subsets."""
+    with _guard():
+        from suites import available_suites
+
+        table = Table("suite", "default subsets", "plug-in")
+        for name, ep in sorted(available_suites().items()):
+            cls = ep.load()
+            table.add_row(name, ", ".join(cls.default_subsets), ep.value)
+        console.print(table)
+
+
+@traj_app.command("list")
+def trajectories_list(
+    generation: Annotated[int | None, typer.Option("--generation", "-g")] = None,
+    split: Annotated[str | None, typer.Option(help="train, dev or test")] = None,
+    task: Annotated[str | None, typer.Option(help="task id")] = None,
+    success: Annotated[bool | None, typer.Option("--success/--failure", help="only successes / failures")] = None,
+    limit: Annotated[int, typer.Option(help="rows to show")] = 50,
+) -> None:
+    """List stored trajectories (newest filters first: generation, split, task, outcome)."""
+    with _guard():
+        from memory.trajectory_store import open_store
+
+        settings = _settings()
+        store = open_store(settings.trajectories_db)
+        filters = {"evolution": settings.evolution, "generation": generation, "split": split,
+                   "task_id": task, "success": success}
+        rows = store.summaries(**filters, limit=limit)
+        total = store.count(**filters)
+        table = Table("id", "gen", "task", "split", "#", "outcome", "score", "steps", "tokens", "s")
+        for r in rows:
+            outcome = "error" if r.status == "error" else ("[green]success[/]" if r.success else "failure")
+            table.add_row(r.id, str(r.generation), r.task_id, r.split, str(r.rollout), outcome,
+                          f"{r.score:.2f}", str(r.n_steps), str(r.prompt_tokens + r.completion_tokens),
+                          f"{r.seconds:.1f}")
+        console.print(table)
+        console.print(f"{len(rows)} of {total} shown")
+
+
+@traj_app.command("show")
+def trajectories_show(trajectory_id: str) -> None:
+    """Show one trajectory step by step."""
+    with _guard():
+        from memory.trajectory_store import open_store
+
+        store = open_store(_settings().trajectories_db)
+        t = store.get(trajectory_id)
+        if t is None:
+            raise RatchetError(f"no trajectory {trajectory_id!r}", "see 'ratchet trajectories list'")
+        outcome = "error" if t.status == "error" else ("success" if t.success else "failure")
+        console.print(f"[bold]{t.id}[/] {t.task_id} rollout {t.rollout}  policy {t.policy_version}  "
+                      f"{outcome} (score {t.score:.2f}) in {t.n_steps} steps, {t.seconds:.1f} s")
+        console.print(f"[dim]task:[/] {t.instruction}")
+        for s in t.steps:
+            call = f"{s.tool_call.name}({s.tool_call.args})" if s.tool_call else "(no tool call)"
+            console.print(f"[bold cyan]{s.index:>3}[/] [{s.source}] {call}", highlight=False)
+            if s.error:
+                console.print(f"      [red]{s.error}[/]", highlight=False)
+            console.print(f"      {s.tool_result[:400]}", highlight=False)
+        if t.error:
+            console.print(f"[red]rollout error:[/] {t.error}")
+
+
+@traj_app.command("export")
+def trajectories_export(
+    path: Path,
+    generation: Annotated[int | None, typer.Option("--generation", "-g")] = None,
+    split: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Export trajectories as JSONL (one trajectory per line)."""
+    with _guard():
+        from memory.trajectory_store import open_store
+
+        settings = _settings()
+        n = open_store(settings.trajectories_db).export_jsonl(
+            path, evolution=settings.evolution, generation=generation, split=split)
+        console.print(f"wrote {n} trajectories to {path}")
+
+
+# ------------------------------------------------------------------------------------ output
+def _print_stages(settings: Settings, results: list[Any], run_id: str | None = None) -> None:
+    table = Table("stage", "split", "tasks", "rollouts", "success", "95% CI", "mean steps",
+                  "tokens", "errors", "wall s", title=f"evolution {settings.evolution} · {settings.suite}")
+    for r in results:
+        rep = r.report
+        lo, hi = rep.ci95
+        table.add_row(r.stage, rep.split, str(len(rep.by_task)), str(rep.n),
+                      f"{rep.success_rate:.1%}", f"{lo:.0%}–{hi:.0%}", f"{rep.mean_steps:.1f}",
+                      str(rep.prompt_tokens + rep.completion_tokens), str(rep.errors), f"{r.wall_seconds:.0f}")
+    console.print(table)
+    policy = results[0].policy_version if results else "?"
+    console.print(f"policy {policy} · trajectories in {settings.trajectories_db}"
+                  + (f" · MLflow run {run_id}" if run_id else ""))
+    console.print(f"browse: mlflow ui --backend-store-uri {settings.mlflow_uri}")
+
+
+def main() -> None:
+    try:
+        app()
+    except RatchetError as exc:  # raised outside a command's guard (e.g. while parsing settings)
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

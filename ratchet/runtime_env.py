@@ -1,0 +1,30 @@
+"""Process environment for everything ratchet runs, set before Prefect, MLflow or torch load.
+
+Keeps all state under the data dir (Prefect's database, MLflow's store) and everything
+offline: no telemetry, no hub downloads.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ratchet.config import Settings
+
+
+def prepare_environment(settings: Settings) -> None:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    defaults = {
+        "PREFECT_HOME": str(settings.prefect_home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+        "MLFLOW_TRACKING_URI": settings.mlflow_uri,
+        "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "ANONYMIZED_TELEMETRY": "False",
+        "DO_NOT_TRACK": "1",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)

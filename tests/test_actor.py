@@ -1,0 +1,175 @@
+"""Unit tests of the actor graph's logic with a scripted model and a tiny in-memory environment."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from agents.actor import ActorSettings, build_actor
+from agents.prompts import render_skills
+from agents.rollout import RolloutSlot, run_rollout
+from agents.testing import ScriptedChatModel, call
+from ratchet.types import Policy, SkillText, Task, ToolCall, ToolSpec
+from suites.base import ActionError, Episode, StepResult, Suite
+
+
+class Counter(Episode):
+    """Reach `goal` by calling act('up'); 'boom' raises a bug in the environment."""
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(task)
+        self.value = 0
+
+    def reset(self) -> StepResult:
+        self.value = 0
+        return StepResult("value 0")
+
+    def tools(self) -> list[ToolSpec]:
+        return [ToolSpec(name="act", description="move", parameters={
+            "type": "object", "properties": {"action": {"type": "string", "enum": ["up", "down"]}}})]
+
+    def valid_actions(self) -> list[ToolCall]:
+        return [ToolCall(name="act", args={"action": a}) for a in ("up", "down")]
+
+    def step(self, c: ToolCall) -> StepResult:
+        action = c.args.get("action")
+        if action == "boom":
+            raise RuntimeError("environment bug")
+        if action not in ("up", "down"):
+            raise ActionError(f"{action!r} is not a valid action")
+        self.value += 1 if action == "up" else -1
+        done = self.value >= 2
+        return StepResult(f"value {self.value}", done=done, success=done, score=float(done), reward=1.0)
+
+
+class CounterSuite(Suite):
+    name = "counter"
+
+    def make_task(self, subset, split, seed):  # type: ignore[no-untyped-def]
+        return Task(id=f"counter:c:{split}:{seed}", suite="counter", subset="c", split=split, seed=seed,
+                    instruction="count to 2", max_steps=5)
+
+    def split_seeds(self, subset, split, n):  # type: ignore[no-untyped-def]
+        return list(range(n))
+
+    def episode(self, task: Task) -> Episode:
+        return Counter(task)
+
+
+SUITE = CounterSuite()
+TASK = SUITE.make_task("c", "train", 0)
+SLOT = RolloutSlot("evo", 0, TASK, 0)
+POLICY = Policy(model="m")
+
+
+def play(script, policy=POLICY, tool_runner=None, **kw):  # type: ignore[no-untyped-def]
+    llm = ScriptedChatModel(script=script)
+    settings = ActorSettings(max_steps=kw.pop("max_steps", 5), **kw)
+    return run_rollout(build_actor(llm), SUITE, SLOT, policy, settings, tool_runner), llm
+
+
+def test_success_records_every_step_and_outcome():
+    traj, llm = play([call("act", action="up"), call("act", action="up")])
+    assert traj.success and traj.status == "finished" and traj.score == 1.0
+    assert [s.tool_call.args["action"] for s in traj.steps] == ["up", "up"]
+    assert [s.observation for s in traj.steps] == ["value 0", "value 1"]
+    assert traj.steps[1].tool_result == "value 2"
+    assert len(llm.calls) == 2
+    assert llm.calls[0]["kwargs"]["tool_choice"] == "required"
+    assert traj.id == SLOT.id and traj.policy_version == POLICY.version
+
+
+def test_invalid_action_is_shown_to_the_model_and_the_episode_goes_on():
+    traj, llm = play([call("act", action="fly"), call("act", action="up"), call("act", action="up")])
+    assert traj.success
+    assert traj.steps[0].error == "'fly' is not a valid action"
+    assert "Invalid action" in traj.steps[0].tool_result
+    # the model saw the error as the tool result of its call
+    assert "Invalid action" in llm.calls[1]["messages"][-1].content
+
+
+def test_reply_without_tool_call_counts_as_a_step_and_is_not_kept_in_history():
+    from langchain_core.messages import AIMessage
+
+    traj, llm = play([AIMessage(content="hmm"), call("act", action="up"), call("act", action="up")])
+    assert traj.success and traj.steps[0].error == "no tool call" and traj.steps[0].message == "hmm"
+    assert all(getattr(m, "content", None) != "hmm" for m in llm.calls[1]["messages"])
+
+
+def test_step_budget_ends_the_rollout_as_a_failure():
+    traj, _ = play(lambda msgs, tools: call("act", action="down"), max_steps=3)
+    assert not traj.success and traj.status == "finished" and traj.n_steps == 3
+
+
+def test_environment_bug_keeps_the_failing_step_and_marks_error():
+    traj, _ = play([call("act", action="up"), call("act", action="boom")])
+    assert traj.status == "error" and not traj.success
+    assert "environment bug" in traj.error
+    assert traj.n_steps == 2 and "environment bug" in traj.steps[1].error
+
+
+def test_model_bug_is_recorded_but_transient_errors_propagate_for_retry():
+    traj, _ = play([call("act", action="up"), ValueError("bad response")])
+    assert traj.status == "error" and traj.steps[-1].error.startswith("ValueError")
+
+    transient = openai.APIConnectionError(request=httpx.Request("POST", "http://127.0.0.1:1/v1"))
+    with pytest.raises(openai.APIConnectionError):
+        play([transient])
+
+
+def test_history_window_limits_what_the_model_sees():
+    traj, llm = play(lambda msgs, tools: call("act", action="down"), max_steps=5, history_window=1)
+    last = llm.calls[-1]["messages"]
+    assert len(last) == 2 + 2  # system, task, one (call, result) pair
+    assert traj.n_steps == 5
+
+
+def test_epsilon_one_takes_random_valid_actions_without_asking_the_model():
+    traj, llm = play([], epsilon=1.0, max_steps=20, seed=7)
+    assert llm.calls == []
+    assert traj.steps and all(s.source == "epsilon" for s in traj.steps)
+    assert all(s.tool_call.args["action"] in ("up", "down") for s in traj.steps)
+
+
+def test_skills_enter_the_system_prompt_and_tools_are_bound_and_run():
+    skill = SkillText(name="count-up", description="when counting", body="Always choose up.")
+    tool = ToolSpec(name="peek", description="look at the counter", parameters={"type": "object"})
+
+    class Runner:
+        def call(self, name, args):  # type: ignore[no-untyped-def]
+            return f"ran {name}"
+
+    policy = Policy(model="m", skills=(skill,), tools=(tool,))
+    traj, llm = play([call("peek"), call("act", action="up"), call("act", action="up")],
+                     policy=policy, tool_runner=Runner())
+    assert traj.success and traj.steps[0].tool_result == "ran peek"
+    assert "Always choose up." in llm.calls[0]["messages"][0].content
+    offered = {t["function"]["name"] for t in llm.calls[0]["tools"]}
+    assert offered == {"act", "peek"}
+    assert render_skills([]) == ""
+
+
+def test_policy_version_is_a_content_hash_of_model_adapter_skills_and_tools():
+    skill = SkillText(name="a", description="b", body="c")
+    tool = ToolSpec(name="t", description="d", parameters={})
+    base = Policy(model="m")
+    assert base.version == Policy(model="m").version
+    variants = [Policy(model="m2"), Policy(model="m", adapter="x", adapter_hash="h1"),
+                Policy(model="m", skills=(skill,)), Policy(model="m", tools=(tool,))]
+    versions = {base.version, *(p.version for p in variants)}
+    assert len(versions) == 5
+    # order of skills does not matter, content does
+    s2 = SkillText(name="z", description="b", body="c")
+    assert Policy(model="m", skills=(skill, s2)).version == Policy(model="m", skills=(s2, skill)).version
+    assert Policy(model="m", skills=(SkillText(name="a", description="b", body="c!"),)).version != \
+        Policy(model="m", skills=(skill,)).version
+
+
+def test_seeds_and_temperature_reach_the_model_call():
+    _, llm = play([call("act", action="up"), call("act", action="up")], temperature=0.7, seed=3)
+    kw = [c["kwargs"] for c in llm.calls]
+    assert all(k["temperature"] == 0.7 for k in kw)
+    assert kw[0]["seed"] != kw[1]["seed"]  # a fresh seed per step
+    _, llm2 = play([call("act", action="up"), call("act", action="up")], temperature=0.7, seed=3)
+    assert [c["kwargs"]["seed"] for c in llm2.calls] == [k["seed"] for k in kw]
