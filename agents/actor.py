@@ -86,9 +86,12 @@ def build_actor(llm: BaseChatModel) -> Any:
                 call = ctx.episode.random_action(ctx.rng)
             if call is not None:
                 step.source = "epsilon"
-                msg = AIMessage(content="", tool_calls=[
-                    {"name": call.name, "args": call.args, "id": f"eps_{step.index}", "type": "tool_call"}
-                ])
+                msg = AIMessage(
+                    content="",
+                    tool_calls=[
+                        {"name": call.name, "args": call.args, "id": f"eps_{step.index}", "type": "tool_call"}
+                    ],
+                )
             else:
                 msg = _ask(llm, state, ctx, step)
             if not msg.tool_calls:

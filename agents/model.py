@@ -7,8 +7,9 @@ from langchain_openai import ChatOpenAI
 from ratchet.errors import TransientModelError
 
 
-def chat_model(base_url: str, model: str, api_key: str = "not-needed", timeout_s: float = 120.0,
-               max_tokens: int = 96) -> ChatOpenAI:
+def chat_model(
+    base_url: str, model: str, api_key: str = "not-needed", timeout_s: float = 120.0, max_tokens: int = 96
+) -> ChatOpenAI:
     """A ChatOpenAI client. Retries are left to Prefect (task retries), so `max_retries=0`.
 
     `disable_streaming=True`: the actor never needs tokens as they come, and servers that

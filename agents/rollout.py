@@ -42,15 +42,20 @@ def run_rollout(
     with suite.episode(task) as episode:
         first = episode.reset()
         ctx = RolloutContext(
-            episode=episode, policy=policy, settings=settings,
-            observation=first.observation, tool_runner=tool_runner,
+            episode=episode,
+            policy=policy,
+            settings=settings,
+            observation=first.observation,
+            tool_runner=tool_runner,
         )
         try:
             actor.invoke(
                 initial_state(task.instruction, first.observation),
                 context=ctx,
-                config={"recursion_limit": 4 * settings.max_steps + 8,
-                        "run_name": f"rollout {task.id} #{slot.rollout}"},
+                config={
+                    "recursion_limit": 4 * settings.max_steps + 8,
+                    "run_name": f"rollout {task.id} #{slot.rollout}",
+                },
             )
         except Exception as exc:
             if is_transient(exc):

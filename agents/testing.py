@@ -33,8 +33,13 @@ class ScriptedChatModel(BaseChatModel):
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
         return self.bind(tools=list(tools), **kwargs)
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         tools = kwargs.get("tools", [])
         self.calls.append({"messages": messages, "tools": tools, "kwargs": kwargs})
         if callable(self.script):
@@ -48,4 +53,6 @@ class ScriptedChatModel(BaseChatModel):
 
 def call(name: str, **args: Any) -> AIMessage:
     """An AIMessage with one tool call, as a model would return it."""
-    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"call_{name}", "type": "tool_call"}])
+    return AIMessage(
+        content="", tool_calls=[{"name": name, "args": args, "id": f"call_{name}", "type": "tool_call"}]
+    )

@@ -54,8 +54,9 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
             f"the embedded server only serves {BASE_MODEL_NAME!r}, not {settings.model.name!r}",
             "set model.endpoint to a server for that model, or leave model.name at its default",
         )
-    with EmbeddedServer(settings.models_dir, settings.logs_dir, port=settings.model.port,
-                        max_batch=settings.model.max_batch) as url:
+    with EmbeddedServer(
+        settings.models_dir, settings.logs_dir, port=settings.model.port, max_batch=settings.model.max_batch
+    ) as url:
         yield url
 
 
@@ -67,8 +68,13 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
     store = open_store(settings.trajectories_db)
     try:
         with model_endpoint(settings, base_url) as url:
-            llm = chat_model(url, settings.model.name, settings.model.api_key,
-                             settings.model.timeout_s, settings.model.max_tokens)
+            llm = chat_model(
+                url,
+                settings.model.name,
+                settings.model.api_key,
+                settings.model.timeout_s,
+                settings.model.max_tokens,
+            )
             yield LoopRuntime(settings, suite, store, url, build_actor(llm))
     finally:
         suite.close()

@@ -36,8 +36,9 @@ def explore_stage(rt: LoopRuntime, generation: int, policy: Policy) -> StageResu
     """k sampled rollouts per train task, with epsilon-random exploration (never used to evaluate)."""
     s = rt.settings
     tasks = rt.suite.tasks("train", s.splits.train)
-    slots = [RolloutSlot(s.evolution, generation, t, r)
-             for t in tasks for r in range(s.explore.rollouts_per_task)]
+    slots = [
+        RolloutSlot(s.evolution, generation, t, r) for t in tasks for r in range(s.explore.rollouts_per_task)
+    ]
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
         return ActorSettings(
@@ -55,8 +56,9 @@ def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Spli
     """The held-out split with fixed seeds: the same tasks and seeds every generation."""
     s = rt.settings
     tasks = rt.suite.tasks(split, getattr(s.splits, split))
-    slots = [RolloutSlot(s.evolution, generation, t, r)
-             for t in tasks for r in range(s.evaluate.rollouts_per_task)]
+    slots = [
+        RolloutSlot(s.evolution, generation, t, r) for t in tasks for r in range(s.evaluate.rollouts_per_task)
+    ]
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
         return ActorSettings(
@@ -70,8 +72,9 @@ def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Spli
     return _run(rt, "evaluate", split, slots, policy, settings_for)
 
 
-def _run(rt: LoopRuntime, stage: str, split: Split, slots: list[RolloutSlot], policy: Policy,
-         settings_for: object) -> StageResult:
+def _run(
+    rt: LoopRuntime, stage: str, split: Split, slots: list[RolloutSlot], policy: Policy, settings_for: object
+) -> StageResult:
     started = time.perf_counter()
     report = run_slots(rt, slots, policy, settings_for, stage)  # type: ignore[arg-type]
     result = StageResult(stage, report, time.perf_counter() - started, policy.version)
@@ -82,22 +85,31 @@ def _run(rt: LoopRuntime, stage: str, split: Split, slots: list[RolloutSlot], po
 
 def _log(rt: LoopRuntime, result: StageResult, split: Split, slots: list[RolloutSlot]) -> None:
     s = rt.settings
-    tracking.log_params({
-        "policy_version": result.policy_version,
-        "model": s.model.name,
-        "endpoint": s.model.endpoint or "embedded",
-        "suite": s.suite,
-        "experts_used": False,
-        f"{result.stage}_tasks": len({sl.task.id for sl in slots}),
-        f"{result.stage}_rollouts_per_task": (s.explore if result.stage == "explore" else s.evaluate)
-        .rollouts_per_task,
-        f"{result.stage}_temperature": (s.explore if result.stage == "explore" else s.evaluate).temperature,
-        **({"explore_epsilon": s.explore.epsilon} if result.stage == "explore" else {}),
-    })
+    tracking.log_params(
+        {
+            "policy_version": result.policy_version,
+            "model": s.model.name,
+            "endpoint": s.model.endpoint or "embedded",
+            "suite": s.suite,
+            "experts_used": False,
+            f"{result.stage}_tasks": len({sl.task.id for sl in slots}),
+            f"{result.stage}_rollouts_per_task": (
+                s.explore if result.stage == "explore" else s.evaluate
+            ).rollouts_per_task,
+            f"{result.stage}_temperature": (
+                s.explore if result.stage == "explore" else s.evaluate
+            ).temperature,
+            **({"explore_epsilon": s.explore.epsilon} if result.stage == "explore" else {}),
+        }
+    )
     mlflow.log_metrics(result.report.metrics(split) | {f"{result.stage}_wall_seconds": result.wall_seconds})
     trajectories = [t for sl in slots if (t := rt.store.get(sl.id)) is not None]
-    tracking.log_success_plot(result.report.by_task, result.stage,
-                              f"{result.stage}: success by task ({split}, policy {result.policy_version})")
+    tracking.log_success_plot(
+        result.report.by_task,
+        result.stage,
+        f"{result.stage}: success by task ({split}, policy {result.policy_version})",
+    )
     tracking.log_trajectory_sample(trajectories, result.stage)
-    tracking.log_summary({"split": split, **result.report.__dict__, "wall_seconds": result.wall_seconds},
-                         result.stage)
+    tracking.log_summary(
+        {"split": split, **result.report.__dict__, "wall_seconds": result.wall_seconds}, result.stage
+    )

@@ -48,7 +48,9 @@ def setup(settings: Settings) -> str:
 
 def _find_run(client: MlflowClient, exp_id: str, tags: dict[str, str]) -> str | None:
     query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    runs = client.search_runs([exp_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"])
+    runs = client.search_runs(
+        [exp_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"]
+    )
     return runs[0].info.run_id if runs else None
 
 
@@ -63,10 +65,15 @@ def generation_run(settings: Settings, generation: int) -> Iterator[str]:
     child_id = _find_run(client, exp_id, gen_tags)
     while mlflow.active_run() is not None:
         mlflow.end_run()
-    with mlflow.start_run(run_id=parent_id, run_name=f"evolution {settings.evolution}",
-                          tags=None if parent_id else evo_tags):
-        with mlflow.start_run(run_id=child_id, nested=True, run_name=f"generation {generation}",
-                              tags=None if child_id else gen_tags) as child:
+    with mlflow.start_run(
+        run_id=parent_id, run_name=f"evolution {settings.evolution}", tags=None if parent_id else evo_tags
+    ):
+        with mlflow.start_run(
+            run_id=child_id,
+            nested=True,
+            run_name=f"generation {generation}",
+            tags=None if child_id else gen_tags,
+        ) as child:
             yield child.info.run_id
 
 

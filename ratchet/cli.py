@@ -22,10 +22,15 @@ from ratchet.config import Settings, load_settings
 from ratchet.errors import RatchetError
 from ratchet.runtime_env import prepare_environment
 
-app = typer.Typer(help="Make LLM agents improve themselves from their own trajectories.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
-suites_app = typer.Typer(help="Task suites (plug-ins under the 'ratchet.suites' entry point group).",
-                         no_args_is_help=True)
+app = typer.Typer(
+    help="Make LLM agents improve themselves from their own trajectories.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+suites_app = typer.Typer(
+    help="Task suites (plug-ins under the 'ratchet.suites' entry point group).", no_args_is_help=True
+)
 traj_app = typer.Typer(help="Stored trajectories.", no_args_is_help=True)
 app.add_typer(suites_app, name="suites")
 app.add_typer(traj_app, name="trajectories")
@@ -35,10 +40,14 @@ err = Console(stderr=True)
 
 _global: dict[str, Any] = {}
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML settings file (default ./ratchet.toml)")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML settings file (default ./ratchet.toml)")
+]
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="where all state lives")]
 SuiteOpt = Annotated[str | None, typer.Option("--suite", "-s", help="suite[:subset,...]")]
-EndpointOpt = Annotated[str | None, typer.Option("--endpoint", help="OpenAI-compatible base URL; empty = embedded")]
+EndpointOpt = Annotated[
+    str | None, typer.Option("--endpoint", help="OpenAI-compatible base URL; empty = embedded")
+]
 GenOpt = Annotated[int, typer.Option("--generation", "-g", min=0, help="generation number")]
 
 
@@ -52,8 +61,15 @@ def _options(
     seed: Annotated[int | None, typer.Option(help="base seed")] = None,
     concurrency: Annotated[int | None, typer.Option(help="rollouts in flight")] = None,
 ) -> None:
-    _global.update(config=config, data_dir=data_dir, suite=suite, evolution=evolution, seed=seed,
-                   concurrency=concurrency, **{"model.endpoint": endpoint})
+    _global.update(
+        config=config,
+        data_dir=data_dir,
+        suite=suite,
+        evolution=evolution,
+        seed=seed,
+        concurrency=concurrency,
+        **{"model.endpoint": endpoint},
+    )
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -80,8 +96,15 @@ def _progress() -> Iterator[None]:
     from flows.progress import listen
 
     bars: dict[str, Any] = {}
-    with Progress(TextColumn("{task.description:>9}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=False) as progress:
+    with Progress(
+        TextColumn("{task.description:>9}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as progress:
+
         def on_event(stage: str, done: int, total: int) -> None:
             if stage not in bars:
                 bars[stage] = progress.add_task(stage, total=total)
@@ -105,8 +128,11 @@ def serve(
 
         check_port_free("127.0.0.1", port)
         console.print(f"serving on http://127.0.0.1:{port}/v1 (Ctrl-C to stop)")
-        raise typer.Exit(server_main(["--port", str(port), "--models-dir", str(settings.models_dir),
-                                      "--max-batch", str(max_batch)]))
+        raise typer.Exit(
+            server_main(
+                ["--port", str(port), "--models-dir", str(settings.models_dir), "--max-batch", str(max_batch)]
+            )
+        )
 
 
 @app.command()
@@ -192,7 +218,9 @@ def trajectories_list(
     generation: Annotated[int | None, typer.Option("--generation", "-g")] = None,
     split: Annotated[str | None, typer.Option(help="train, dev or test")] = None,
     task: Annotated[str | None, typer.Option(help="task id")] = None,
-    success: Annotated[bool | None, typer.Option("--success/--failure", help="only successes / failures")] = None,
+    success: Annotated[
+        bool | None, typer.Option("--success/--failure", help="only successes / failures")
+    ] = None,
     limit: Annotated[int, typer.Option(help="rows to show")] = 50,
 ) -> None:
     """List stored trajectories (newest filters first: generation, split, task, outcome)."""
@@ -201,16 +229,30 @@ def trajectories_list(
 
         settings = _settings()
         store = open_store(settings.trajectories_db)
-        filters = {"evolution": settings.evolution, "generation": generation, "split": split,
-                   "task_id": task, "success": success}
+        filters = {
+            "evolution": settings.evolution,
+            "generation": generation,
+            "split": split,
+            "task_id": task,
+            "success": success,
+        }
         rows = store.summaries(**filters, limit=limit)
         total = store.count(**filters)
         table = Table("id", "gen", "task", "split", "#", "outcome", "score", "steps", "tokens", "s")
         for r in rows:
             outcome = "error" if r.status == "error" else ("[green]success[/]" if r.success else "failure")
-            table.add_row(r.id, str(r.generation), r.task_id, r.split, str(r.rollout), outcome,
-                          f"{r.score:.2f}", str(r.n_steps), str(r.prompt_tokens + r.completion_tokens),
-                          f"{r.seconds:.1f}")
+            table.add_row(
+                r.id,
+                str(r.generation),
+                r.task_id,
+                r.split,
+                str(r.rollout),
+                outcome,
+                f"{r.score:.2f}",
+                str(r.n_steps),
+                str(r.prompt_tokens + r.completion_tokens),
+                f"{r.seconds:.1f}",
+            )
         console.print(table)
         console.print(f"{len(rows)} of {total} shown")
 
@@ -226,8 +268,10 @@ def trajectories_show(trajectory_id: str) -> None:
         if t is None:
             raise RatchetError(f"no trajectory {trajectory_id!r}", "see 'ratchet trajectories list'")
         outcome = "error" if t.status == "error" else ("success" if t.success else "failure")
-        console.print(f"[bold]{t.id}[/] {t.task_id} rollout {t.rollout}  policy {t.policy_version}  "
-                      f"{outcome} (score {t.score:.2f}) in {t.n_steps} steps, {t.seconds:.1f} s")
+        console.print(
+            f"[bold]{t.id}[/] {t.task_id} rollout {t.rollout}  policy {t.policy_version}  "
+            f"{outcome} (score {t.score:.2f}) in {t.n_steps} steps, {t.seconds:.1f} s"
+        )
         console.print(f"[dim]task:[/] {t.instruction}")
         for s in t.steps:
             call = f"{s.tool_call.name}({s.tool_call.args})" if s.tool_call else "(no tool call)"
@@ -251,24 +295,47 @@ def trajectories_export(
 
         settings = _settings()
         n = open_store(settings.trajectories_db).export_jsonl(
-            path, evolution=settings.evolution, generation=generation, split=split)
+            path, evolution=settings.evolution, generation=generation, split=split
+        )
         console.print(f"wrote {n} trajectories to {path}")
 
 
 # ------------------------------------------------------------------------------------ output
 def _print_stages(settings: Settings, results: list[Any], run_id: str | None = None) -> None:
-    table = Table("stage", "split", "tasks", "rollouts", "success", "95% CI", "mean steps",
-                  "tokens", "errors", "wall s", title=f"evolution {settings.evolution} · {settings.suite}")
+    table = Table(
+        "stage",
+        "split",
+        "tasks",
+        "rollouts",
+        "success",
+        "95% CI",
+        "mean steps",
+        "tokens",
+        "errors",
+        "wall s",
+        title=f"evolution {settings.evolution} · {settings.suite}",
+    )
     for r in results:
         rep = r.report
         lo, hi = rep.ci95
-        table.add_row(r.stage, rep.split, str(len(rep.by_task)), str(rep.n),
-                      f"{rep.success_rate:.1%}", f"{lo:.0%}–{hi:.0%}", f"{rep.mean_steps:.1f}",
-                      str(rep.prompt_tokens + rep.completion_tokens), str(rep.errors), f"{r.wall_seconds:.0f}")
+        table.add_row(
+            r.stage,
+            rep.split,
+            str(len(rep.by_task)),
+            str(rep.n),
+            f"{rep.success_rate:.1%}",
+            f"{lo:.0%}–{hi:.0%}",
+            f"{rep.mean_steps:.1f}",
+            str(rep.prompt_tokens + rep.completion_tokens),
+            str(rep.errors),
+            f"{r.wall_seconds:.0f}",
+        )
     console.print(table)
     policy = results[0].policy_version if results else "?"
-    console.print(f"policy {policy} · trajectories in {settings.trajectories_db}"
-                  + (f" · MLflow run {run_id}" if run_id else ""))
+    console.print(
+        f"policy {policy} · trajectories in {settings.trajectories_db}"
+        + (f" · MLflow run {run_id}" if run_id else "")
+    )
     console.print(f"browse: mlflow ui --backend-store-uri {settings.mlflow_uri}")
 
 

@@ -26,7 +26,7 @@ import uuid
 from functools import lru_cache
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -144,14 +144,20 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "adapters": sorted(engine.adapters)}
+        return {"status": "ok", "model": model_name, "adapters": sorted(engine.adapters), **engine.stats}
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
         data = [{"id": model_name, "object": "model", "created": started, "owned_by": "ratchet"}]
         data += [
-            {"id": a, "object": "model", "created": started, "owned_by": "ratchet", "parent": model_name,
-             "root": path}
+            {
+                "id": a,
+                "object": "model",
+                "created": started,
+                "owned_by": "ratchet",
+                "parent": model_name,
+                "root": path,
+            }
             for a, path in sorted(engine.adapters.items())
         ]
         return {"object": "list", "data": data}
@@ -177,8 +183,11 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
         if req.model not in (model_name, *engine.adapters):
-            return _error(404, f"model {req.model!r} not found (have {model_name!r} and adapters "
-                               f"{sorted(engine.adapters)})", "not_found_error")
+            return _error(
+                404,
+                f"model {req.model!r} not found (have {model_name!r} and adapters {sorted(engine.adapters)})",
+                "not_found_error",
+            )
         if req.n != 1:
             return _error(400, "only n=1 is supported")
         tools = req.tools or []
@@ -208,8 +217,10 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         if hasattr(prompt_ids, "input_ids"):
             prompt_ids = prompt_ids["input_ids"]
         try:
-            grammar = compiled(json.dumps(schema, sort_keys=True)) if schema is not None else (
-                compiled(None) if want_json else None
+            grammar = (
+                compiled(json.dumps(schema, sort_keys=True))
+                if schema is not None
+                else (compiled(None) if want_json else None)
             )
         except Exception as exc:  # noqa: BLE001 - a schema xgrammar can't compile is the caller's error
             return _error(400, f"cannot compile JSON schema: {exc}")
@@ -283,4 +294,3 @@ async def _sse(body: dict[str, Any]) -> Any:
     end = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
     yield f"data: {json.dumps(base | {'choices': [end], 'usage': body['usage']})}\n\n"
     yield "data: [DONE]\n\n"
-

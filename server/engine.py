@@ -75,6 +75,7 @@ class Engine:
         )
         self.compiler = xgr.GrammarCompiler(info, max_threads=1)
         self.adapters: dict[str, str] = {}  # name -> path
+        self.stats = {"requests": 0, "batches": 0, "largest_batch": 0, "generated_tokens": 0}
         self._queue: queue.Queue[GenRequest] = queue.Queue()
         self._lock = threading.Lock()  # held while the model runs or changes
         self._stopped = threading.Event()
@@ -119,9 +120,7 @@ class Engine:
                     self.model = PeftModel.from_pretrained(self.model, str(p), adapter_name=name)
                 self.model.eval()
             except Exception as exc:  # noqa: BLE001
-                raise AdapterError(
-                    f"cannot load adapter from {path} ({cfg.peft_type}): {exc}"
-                ) from None
+                raise AdapterError(f"cannot load adapter from {path} ({cfg.peft_type}): {exc}") from None
             self.adapters[name] = str(p)
 
     def unload_adapter(self, name: str) -> None:
@@ -150,7 +149,11 @@ class Engine:
                 while len(pending) < self.max_batch * 2:
                     timeout = deadline - time.monotonic()
                     try:
-                        item = self._queue.get(timeout=max(timeout, 0)) if timeout > 0 else self._queue.get_nowait()
+                        item = (
+                            self._queue.get(timeout=max(timeout, 0))
+                            if timeout > 0
+                            else self._queue.get_nowait()
+                        )
                     except queue.Empty:
                         break
                     if item is None:
@@ -174,6 +177,10 @@ class Engine:
             try:
                 with self._lock:
                     results = self._generate_batch(batch)
+                self.stats["requests"] += len(batch)
+                self.stats["batches"] += 1
+                self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
+                self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
                 for r, res in zip(batch, results, strict=True):
                     r.future.set_result(res)
             except Exception as exc:  # noqa: BLE001 - report to every caller, keep serving
@@ -233,14 +240,18 @@ class Engine:
         finish: list[str | None] = [None] * n
         complete = [False] * n
         cache = DynamicCache()
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=attn,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1, :].float()
+        logits = (
+            self.model(
+                input_ids=input_ids,
+                attention_mask=attn,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            .logits[:, -1, :]
+            .float()
+        )
         next_pos = positions[:, -1] + 1
         max_new = max(r.max_tokens for r in reqs)
         for _ in range(max_new):
@@ -279,13 +290,17 @@ class Engine:
             if all(f is not None for f in finish):
                 break
             attn = torch.cat([attn, torch.ones((n, 1), dtype=torch.long)], dim=1)
-            logits = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=attn,
-                position_ids=next_pos[:, None],
-                cache=cache,
-                use_cache=True,
-            ).logits[:, -1, :].float()
+            logits = (
+                self.model(
+                    input_ids=tokens[:, None],
+                    attention_mask=attn,
+                    position_ids=next_pos[:, None],
+                    cache=cache,
+                    use_cache=True,
+                )
+                .logits[:, -1, :]
+                .float()
+            )
             next_pos = next_pos + 1
         return [
             GenResult(

@@ -81,13 +81,32 @@ class EmbeddedServer:
             self.port = free_port(self.host)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.logs_dir / "server.log"
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("RATCHET_SERVER_THREADS", "2"),
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=os.environ.get("RATCHET_SERVER_THREADS", "2"),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "server", "--host", self.host, "--port", str(self.port),
-                 "--models-dir", str(self.models_dir), "--max-batch", str(self.max_batch)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "server",
+                    "--host",
+                    self.host,
+                    "--port",
+                    str(self.port),
+                    "--models-dir",
+                    str(self.models_dir),
+                    "--max-batch",
+                    str(self.max_batch),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -102,7 +121,9 @@ class EmbeddedServer:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise EndpointError(f"embedded model server not ready after {READY_TIMEOUT_S:.0f} s", f"see {log_path}")
+        raise EndpointError(
+            f"embedded model server not ready after {READY_TIMEOUT_S:.0f} s", f"see {log_path}"
+        )
 
     def stop(self) -> None:
         if self.proc is None:
@@ -119,7 +140,9 @@ class EmbeddedServer:
     def __enter__(self) -> str:
         return self.start()
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 

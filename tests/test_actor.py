@@ -26,8 +26,16 @@ class Counter(Episode):
         return StepResult("value 0")
 
     def tools(self) -> list[ToolSpec]:
-        return [ToolSpec(name="act", description="move", parameters={
-            "type": "object", "properties": {"action": {"type": "string", "enum": ["up", "down"]}}})]
+        return [
+            ToolSpec(
+                name="act",
+                description="move",
+                parameters={
+                    "type": "object",
+                    "properties": {"action": {"type": "string", "enum": ["up", "down"]}},
+                },
+            )
+        ]
 
     def valid_actions(self) -> list[ToolCall]:
         return [ToolCall(name="act", args={"action": a}) for a in ("up", "down")]
@@ -47,8 +55,15 @@ class CounterSuite(Suite):
     name = "counter"
 
     def make_task(self, subset, split, seed):  # type: ignore[no-untyped-def]
-        return Task(id=f"counter:c:{split}:{seed}", suite="counter", subset="c", split=split, seed=seed,
-                    instruction="count to 2", max_steps=5)
+        return Task(
+            id=f"counter:c:{split}:{seed}",
+            suite="counter",
+            subset="c",
+            split=split,
+            seed=seed,
+            instruction="count to 2",
+            max_steps=5,
+        )
 
     def split_seeds(self, subset, split, n):  # type: ignore[no-untyped-def]
         return list(range(n))
@@ -141,8 +156,11 @@ def test_skills_enter_the_system_prompt_and_tools_are_bound_and_run():
             return f"ran {name}"
 
     policy = Policy(model="m", skills=(skill,), tools=(tool,))
-    traj, llm = play([call("peek"), call("act", action="up"), call("act", action="up")],
-                     policy=policy, tool_runner=Runner())
+    traj, llm = play(
+        [call("peek"), call("act", action="up"), call("act", action="up")],
+        policy=policy,
+        tool_runner=Runner(),
+    )
     assert traj.success and traj.steps[0].tool_result == "ran peek"
     assert "Always choose up." in llm.calls[0]["messages"][0].content
     offered = {t["function"]["name"] for t in llm.calls[0]["tools"]}
@@ -155,15 +173,21 @@ def test_policy_version_is_a_content_hash_of_model_adapter_skills_and_tools():
     tool = ToolSpec(name="t", description="d", parameters={})
     base = Policy(model="m")
     assert base.version == Policy(model="m").version
-    variants = [Policy(model="m2"), Policy(model="m", adapter="x", adapter_hash="h1"),
-                Policy(model="m", skills=(skill,)), Policy(model="m", tools=(tool,))]
+    variants = [
+        Policy(model="m2"),
+        Policy(model="m", adapter="x", adapter_hash="h1"),
+        Policy(model="m", skills=(skill,)),
+        Policy(model="m", tools=(tool,)),
+    ]
     versions = {base.version, *(p.version for p in variants)}
     assert len(versions) == 5
     # order of skills does not matter, content does
     s2 = SkillText(name="z", description="b", body="c")
     assert Policy(model="m", skills=(skill, s2)).version == Policy(model="m", skills=(s2, skill)).version
-    assert Policy(model="m", skills=(SkillText(name="a", description="b", body="c!"),)).version != \
-        Policy(model="m", skills=(skill,)).version
+    assert (
+        Policy(model="m", skills=(SkillText(name="a", description="b", body="c!"),)).version
+        != Policy(model="m", skills=(skill,)).version
+    )
 
 
 def test_seeds_and_temperature_reach_the_model_call():

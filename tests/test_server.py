@@ -1,0 +1,190 @@
+"""The embedded model server against the real shipped model (integration)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.app import tool_call_schema, to_chatml_messages
+from server.launcher import EmbeddedServer, check_endpoint
+from ratchet.errors import EndpointError, PortInUseError
+
+MODEL = "smollm2-135m-instruct"
+ACT = {
+    "type": "function",
+    "function": {
+        "name": "act",
+        "description": "take one action",
+        "parameters": {
+            "type": "object",
+            "properties": {"action": {"type": "string", "enum": ["open door", "take coin", "go north"]}},
+            "required": ["action"],
+        },
+    },
+}
+USER = [{"role": "user", "content": "You are in a room with a door and a coin. What do you do?"}]
+
+
+def chat(url: str, **body) -> dict:
+    r = httpx.post(f"{url}/chat/completions", json={"model": MODEL, "messages": USER, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# ---------------------------------------------------------------- unit: request translation
+def test_tool_schema_allows_exactly_the_offered_calls():
+    schema = tool_call_schema([ACT], allow_text=False)
+    assert schema["properties"]["name"] == {"const": "act"}
+    assert schema["additionalProperties"] is False
+    both = tool_call_schema([ACT, ACT], allow_text=True)
+    assert len(both["anyOf"]) == 3 and both["anyOf"][-1]["required"] == ["content"]
+
+
+def test_history_with_tool_calls_becomes_plain_turns():
+    msgs = [
+        {"role": "system", "content": "sys"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "1", "type": "function",
+                         "function": {"name": "act", "arguments": '{"action": "go north"}'}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "You are north."},
+    ]
+    turns = to_chatml_messages(msgs, "TOOLS")
+    assert turns[0] == {"role": "system", "content": "sys\n\nTOOLS"}
+    assert json.loads(turns[1]["content"]) == {"name": "act", "arguments": {"action": "go north"}}
+    assert turns[2] == {"role": "user", "content": "Result: You are north."}
+
+
+def test_unreachable_endpoint_is_one_clear_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(EndpointError, match="unreachable"):
+        check_endpoint(f"http://127.0.0.1:{port}/v1", timeout=2)
+
+
+# ---------------------------------------------------------------- integration: real model
+
+
+@pytest.mark.integration
+def test_health_and_models(embedded_server):
+    health = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()
+    assert health["status"] == "ok" and health["model"] == MODEL
+    assert check_endpoint(embedded_server) == [MODEL]
+
+
+@pytest.mark.integration
+def test_required_tool_choice_always_gives_a_valid_action(embedded_server):
+    for seed in range(4):
+        body = chat(embedded_server, tools=[ACT], tool_choice="required", temperature=1.2, seed=seed,
+                    max_tokens=40)
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        call = choice["message"]["tool_calls"][0]
+        assert call["function"]["name"] == "act" and call["id"].startswith("call_")
+        assert json.loads(call["function"]["arguments"])["action"] in ACT["function"]["parameters"][
+            "properties"]["action"]["enum"]
+        assert body["usage"]["completion_tokens"] > 0 and body["usage"]["prompt_tokens"] > 20
+
+
+@pytest.mark.integration
+def test_seeded_sampling_is_reproducible(embedded_server):
+    a = chat(embedded_server, temperature=1.0, seed=42, max_tokens=24)["choices"][0]["message"]["content"]
+    b = chat(embedded_server, temperature=1.0, seed=42, max_tokens=24)["choices"][0]["message"]["content"]
+    assert a == b and a
+
+
+@pytest.mark.integration
+def test_json_schema_response_format(embedded_server):
+    schema = {"type": "object", "properties": {"count": {"type": "integer"}, "ok": {"type": "boolean"}},
+              "required": ["count", "ok"], "additionalProperties": False}
+    body = chat(embedded_server, response_format={"type": "json_schema",
+                                                  "json_schema": {"name": "x", "schema": schema}},
+                max_tokens=40, temperature=0)
+    value = json.loads(body["choices"][0]["message"]["content"])
+    assert set(value) == {"count", "ok"} and isinstance(value["count"], int)
+
+
+@pytest.mark.integration
+def test_concurrent_requests_are_served_in_batches(embedded_server):
+    health_url = embedded_server.removesuffix("/v1") + "/health"
+    before = httpx.get(health_url).json()
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda s: chat(embedded_server, temperature=0.9, seed=s, max_tokens=48), range(6)))
+    after = httpx.get(health_url).json()
+    assert after["requests"] - before["requests"] == 6
+    assert after["batches"] - before["batches"] < 6  # at least two requests shared a batch
+    assert after["largest_batch"] >= 2
+
+
+@pytest.mark.integration
+def test_langchain_chat_openai_gets_tool_calls(embedded_server):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=MODEL, base_url=embedded_server, api_key="x", max_tokens=40, temperature=0)
+    msg = llm.bind_tools([ACT], tool_choice="required").invoke("There is a coin here.")
+    assert msg.tool_calls and msg.tool_calls[0]["name"] == "act"
+    streamed = llm.bind_tools([ACT], tool_choice="required").stream("There is a coin here.")
+    chunks = list(streamed)
+    merged = chunks[0]
+    for c in chunks[1:]:
+        merged += c
+    assert merged.tool_calls and merged.tool_calls[0]["args"]["action"] == msg.tool_calls[0]["args"]["action"]
+
+
+@pytest.mark.integration
+def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server, base_model_dir, tmp_path):
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    cfg = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapter_dir = tmp_path / "adapter"
+    get_peft_model(base, cfg).save_pretrained(adapter_dir)
+
+    r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "t1", "lora_path": str(adapter_dir)})
+    assert r.status_code == 200, r.text
+    try:
+        ids = [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
+        assert "t1" in ids
+        served = httpx.post(f"{embedded_server}/chat/completions", timeout=120, json={
+            "model": "t1", "messages": USER, "temperature": 0, "max_tokens": 12}).json()
+        text = served["choices"][0]["message"]["content"]
+        base_text = chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
+        assert text != base_text  # the adapter changes what the model says
+
+        tok = AutoTokenizer.from_pretrained(base_model_dir)
+        fresh = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+        model = PeftModel.from_pretrained(fresh, adapter_dir).eval()
+        prompt = tok.apply_chat_template(USER, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        out = model.generate(**prompt, max_new_tokens=12, do_sample=False)
+        expected = tok.decode(out[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+        assert text == expected
+    finally:
+        httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": "t1"})
+    gone = httpx.post(f"{embedded_server}/chat/completions", json={"model": "t1", "messages": USER})
+    assert gone.status_code == 404
+
+
+@pytest.mark.integration
+def test_bad_requests_get_clear_errors(embedded_server):
+    r = httpx.post(f"{embedded_server}/chat/completions", json={"model": "gpt-9", "messages": USER})
+    assert r.status_code == 404 and "gpt-9" in r.json()["error"]["message"]
+    r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nope"})
+    assert r.status_code == 400 and "adapter_config.json" in r.json()["error"]["message"]
+
+
+@pytest.mark.integration
+def test_port_in_use_is_refused_before_starting(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(PortInUseError, match=f"port {port}"):
+            EmbeddedServer(Path(tmp_path), Path(tmp_path), port=port).start()
