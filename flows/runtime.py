@@ -62,20 +62,23 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
 
 @contextmanager
 def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[LoopRuntime]:
+    """Check everything that can fail on bad input (suite, Java, endpoint) before writing anything."""
     prepare_environment(settings)
     suite = get_suite(settings.suite)
-    suite.check()
-    store = open_store(settings.trajectories_db)
     try:
+        suite.check()
         with model_endpoint(settings, base_url) as url:
-            llm = chat_model(
-                url,
-                settings.model.name,
-                settings.model.api_key,
-                settings.model.timeout_s,
-                settings.model.max_tokens,
-            )
-            yield LoopRuntime(settings, suite, store, url, build_actor(llm))
+            store = open_store(settings.trajectories_db)
+            try:
+                llm = chat_model(
+                    url,
+                    settings.model.name,
+                    settings.model.api_key,
+                    settings.model.timeout_s,
+                    settings.model.max_tokens,
+                )
+                yield LoopRuntime(settings, suite, store, url, build_actor(llm))
+            finally:
+                store.close()
     finally:
         suite.close()
-        store.close()

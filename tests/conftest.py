@@ -14,6 +14,9 @@ TEST_MODELS = Path(os.environ.get("RATCHET_TEST_MODELS_DIR", ROOT / ".ratchet" /
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# Prefect's ephemeral API keeps its database here; reusing it makes later sessions start faster.
+os.environ.setdefault("PREFECT_HOME", str(ROOT / ".ratchet" / "test-prefect"))
 
 
 @pytest.fixture(autouse=True)

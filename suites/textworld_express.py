@@ -1,0 +1,414 @@
+"""TextWorldExpress: fast multi-step text games (Java 17), with valid actions and gold paths.
+
+Each `TextWorldExpressEnv` owns a JVM (~0.3-2 s to start), so a suite keeps a small
+thread-safe pool of them: an episode borrows one when it is created and hands it back on
+`close()`. Episodes may run concurrently in threads, one env each.
+
+Splits are TWX's own seed folds (train 0-999, dev 10000-10999, test 20000-20999 in
+textworld-express 1.1.0), read from the env rather than hard-coded. The Java side does
+not check that a seed belongs to the fold it is asked for, so `make_task` does.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ratchet.errors import EnvironmentMissingError, UnknownSuiteError
+from ratchet.types import Split, Task, ToolCall, ToolSpec, task_id
+from suites.base import ActionError, Episode, StepResult, Suite
+
+if TYPE_CHECKING:
+    from textworld_express import TextWorldExpressEnv
+
+MIN_JAVA = 17
+
+# Small, learnable settings per game (shared/STACK-NOTES.md, "First baselines").
+GAME_PARAMS: dict[str, str] = {
+    "coin": "numLocations=4,numDistractorItems=0,includeDoors=0,limitInventorySize=0",
+    "mapreader": (
+        "numLocations=3,maxDistanceApart=2,maxDistractorItemsPerLocation=0,"
+        "includeDoors=0,limitInventorySize=0"
+    ),
+    "sorting": "",
+    "cookingworld": "numLocations=1,numIngredients=1,numDistractorItems=0,includeDoors=0,"
+    "limitInventorySize=0",
+    "twc": "",
+    "arithmetic": "",
+    "simonsays": "",
+    "peckingorder": "",
+}
+
+# Fixed step budgets, about 3x a typical gold path (measured over 100 train seeds). Never
+# derived from the gold path of a run: TWX's gold generator is random and its length varies.
+MAX_STEPS: dict[str, int] = {
+    "coin": 15,  # gold ~5.7
+    "mapreader": 25,  # gold ~8
+    "sorting": 25,  # gold ~8
+    "cookingworld": 30,  # gold ~10.5
+    "twc": 50,  # gold ~17
+    "arithmetic": 15,  # gold 5
+    "simonsays": 15,  # gold 5
+    "peckingorder": 30,  # gold 9
+}
+
+# The env ends an episode by itself after this many moves; the actor's max_steps is the
+# real budget, so keep the env's own limit out of the way.
+_ENV_STEP_LIMIT = 1_000_000
+
+_java_ok = False
+_java_lock = threading.Lock()
+
+
+def java_major_version(java: str = "java") -> int | None:
+    """Major version of the `java` on PATH (8 for '1.8.0'), or None if absent/unparseable."""
+    path = shutil.which(java)
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "-version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if m is None:
+        return None
+    major = int(m.group(1))
+    if major == 1 and m.group(2) is not None:  # '1.8.0_392' style
+        major = int(m.group(2))
+    return major
+
+
+def check_java() -> None:
+    """Raise EnvironmentMissingError unless Java >= 17 is on PATH (checked once per process)."""
+    global _java_ok
+    with _java_lock:
+        if _java_ok:
+            return
+        version = java_major_version()
+        if version is None or version < MIN_JAVA:
+            raise EnvironmentMissingError(
+                "Java 17 is not installed (TextWorldExpress needs it)",
+                "run ./install.sh or apt-get install openjdk-17-jre-headless",
+            )
+        _java_ok = True
+
+
+def _shutdown(env: TextWorldExpressEnv) -> None:
+    """Stop an env's JVM; safe to call twice and keeps TWX's __del__ from trying again."""
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 - the JVM may already be gone
+        pass
+    env.close = lambda: None  # type: ignore[method-assign]
+
+
+class _EnvPool:
+    """Idle TWX envs for reuse; creates one when none is idle. Thread-safe.
+
+    As many JVMs live as episodes run at once; beyond `max_idle`, returned ones are stopped.
+    """
+
+    def __init__(self, check: Any, max_idle: int = 4) -> None:
+        self._check = check
+        self._max_idle = max_idle
+        self._lock = threading.Lock()
+        self._idle: list[TextWorldExpressEnv] = []
+        self._all: list[TextWorldExpressEnv] = []
+
+    def acquire(self) -> TextWorldExpressEnv:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        self._check()
+        from textworld_express import TextWorldExpressEnv
+
+        env = TextWorldExpressEnv(envStepLimit=_ENV_STEP_LIMIT)  # JVM start, outside the lock
+        with self._lock:
+            self._all.append(env)
+        return env
+
+    def release(self, env: TextWorldExpressEnv, broken: bool = False) -> None:
+        with self._lock:
+            owned = any(e is env for e in self._all)
+            if owned and not broken and len(self._idle) < self._max_idle:
+                self._idle.append(env)
+                return
+            if owned:
+                self._all = [e for e in self._all if e is not env]
+        _shutdown(env)
+
+    @property
+    def size(self) -> int:
+        with self._lock:
+            return len(self._all)
+
+    def close(self) -> None:
+        with self._lock:
+            envs, self._all, self._idle = self._all, [], []
+        for env in envs:
+            _shutdown(env)
+
+
+class TextWorldExpressSuite(Suite):
+    """TWX games as tasks; subsets are game names, splits are TWX's seed folds."""
+
+    name = "textworld-express"
+    description = "TextWorldExpress text games (Java 17): valid actions each turn, gold paths"
+    default_subsets = ("coin", "mapreader", "sorting")
+
+    def __init__(self, subsets: list[str] | None = None) -> None:
+        super().__init__(subsets)
+        unknown = [s for s in self.subsets if s not in GAME_PARAMS]
+        if unknown:
+            raise UnknownSuiteError(
+                f"suite {self.name!r} has no subset {', '.join(map(repr, unknown))}",
+                f"choose from: {', '.join(self.available_subsets())}",
+            )
+        self._pool = _EnvPool(self.check)
+        self._lock = threading.Lock()
+        self._fold_seeds: dict[tuple[str, Split], list[int]] = {}
+        self._descriptions: dict[tuple[str, Split, int], str] = {}
+
+    @classmethod
+    def available_subsets(cls) -> list[str]:
+        return list(GAME_PARAMS)
+
+    def check(self) -> None:
+        check_java()
+
+    # -- seeds and tasks -------------------------------------------------------------------
+
+    def fold_seeds(self, subset: str, split: Split) -> list[int]:
+        """All seeds of a TWX fold for one game, in TWX's order (asked of the env once)."""
+        self._check_subset(subset)
+        key = (subset, split)
+        with self._lock:
+            if key in self._fold_seeds:
+                return self._fold_seeds[key]
+        env = self._pool.acquire()
+        broken = True
+        try:
+            env.load(subset, GAME_PARAMS[subset])
+            getter = {
+                "train": env.getValidSeedsTrain,
+                "dev": env.getValidSeedsDev,
+                "test": env.getValidSeedsTest,
+            }[split]
+            seeds = [int(s) for s in getter()]
+            broken = False
+        finally:
+            self._pool.release(env, broken=broken)
+        with self._lock:
+            self._fold_seeds[key] = seeds
+        return seeds
+
+    def split_seeds(self, subset: str, split: Split, n: int) -> list[int]:
+        seeds = self.fold_seeds(subset, split)
+        if n > len(seeds):
+            raise ValueError(f"{subset} {split} fold has only {len(seeds)} seeds, asked for {n}")
+        return seeds[:n]
+
+    def make_task(self, subset: str, split: Split, seed: int) -> Task:
+        self._check_subset(subset)
+        if seed not in set(self.fold_seeds(subset, split)):
+            raise ValueError(f"seed {seed} is not in TextWorldExpress's {split} fold for {subset}")
+        return Task(
+            id=task_id(self.name, subset, split, seed),
+            suite=self.name,
+            subset=subset,
+            split=split,
+            seed=seed,
+            instruction=self._task_description(subset, split, seed),
+            max_steps=MAX_STEPS[subset],
+            spec={
+                "game": subset,
+                "game_params": GAME_PARAMS[subset],
+                "game_fold": split,
+                "seed": seed,
+            },
+        )
+
+    def _task_description(self, subset: str, split: Split, seed: int) -> str:
+        key = (subset, split, seed)
+        with self._lock:
+            if key in self._descriptions:
+                return self._descriptions[key]
+        env = self._pool.acquire()
+        broken = True
+        try:
+            _, infos = env.reset(seed=seed, gameFold=split, gameName=subset, gameParams=GAME_PARAMS[subset])
+            description = str(infos["taskDescription"]).strip()
+            broken = False
+        finally:
+            self._pool.release(env, broken=broken)
+        with self._lock:
+            self._descriptions[key] = description
+        return description
+
+    def _check_subset(self, subset: str) -> None:
+        if subset not in GAME_PARAMS:
+            raise ValueError(f"unknown TextWorldExpress game {subset!r}")
+
+    # -- episodes --------------------------------------------------------------------------
+
+    def episode(self, task: Task) -> TextWorldExpressEpisode:
+        if task.suite != self.name:
+            raise ValueError(f"task {task.id!r} is not a {self.name} task")
+        return TextWorldExpressEpisode(task, self._pool)
+
+    @property
+    def pool_size(self) -> int:
+        """Number of live JVMs this suite owns (idle or lent to an episode)."""
+        return self._pool.size
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _format_actions(actions: list[str]) -> str:
+    return "Valid actions: " + ", ".join(actions)
+
+
+def _solving_prefix(env: TextWorldExpressEnv, gold: list[str]) -> list[str] | None:
+    """Play the gold path on a freshly reset env; keep it up to the winning move.
+
+    TWX's gold paths can run past the end of the game (twc appends a move after the last
+    object is put away), and a path that never wins is no reference solution.
+    """
+    for i, action in enumerate(gold):
+        _, _, _, infos = env.step(action)
+        if infos["tasksuccess"]:
+            return gold[: i + 1]
+        if infos["taskfailure"]:
+            return None
+    return None
+
+
+def _normalize(action: str) -> str:
+    return " ".join(action.strip().lower().split())
+
+
+class TextWorldExpressEpisode(Episode):
+    """One TWX game; borrows a pooled env until `close()`."""
+
+    TOOL = "act"
+
+    def __init__(self, task: Task, pool: _EnvPool) -> None:
+        super().__init__(task)
+        self._pool = pool
+        self._env: TextWorldExpressEnv | None = pool.acquire()
+        self._broken = False
+        self._started = False
+        self._done = False
+        self._valid: list[str] = []
+        self._gold: list[str] | None = None
+        self._taken: list[str] = []
+
+    def _live_env(self) -> TextWorldExpressEnv:
+        if self._env is None:
+            raise RuntimeError(f"episode for {self.task.id} is closed")
+        return self._env
+
+    def reset(self) -> StepResult:
+        env = self._live_env()
+        spec = self.task.spec
+        game = {
+            "seed": int(spec["seed"]),
+            "gameFold": spec["game_fold"],
+            "gameName": spec["game"],
+            "gameParams": spec["game_params"],
+        }
+        self._broken = True  # until the calls return normally
+        env.reset(**game, generateGoldPath=True)
+        gold = [str(a) for a in env.getGoldActionSequence()]
+        self._gold = _solving_prefix(env, gold) if gold and not gold[0].startswith("ERROR") else None
+        _, infos = env.reset(**game)  # back to the start: the game itself is seed-deterministic
+        self._broken = False
+        self._taken = []
+        self._started = True
+        self._done = False
+        self._valid = sorted(str(a) for a in infos["validActions"])
+        observation = (
+            f"Task: {str(infos['taskDescription']).strip()}\n\n"
+            f"{str(infos['observation']).strip()}\n{_format_actions(self._valid)}"
+        )
+        return StepResult(observation=observation, score=float(infos["score"]))
+
+    def tools(self) -> list[ToolSpec]:
+        return [
+            ToolSpec(
+                name=self.TOOL,
+                description=(
+                    "Take one action in the text game. Pick exactly one of the valid actions "
+                    "listed in the latest observation."
+                ),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "action": {
+                            "type": "string",
+                            "enum": list(self._valid),
+                            "description": "one of the current valid actions, verbatim",
+                        }
+                    },
+                    "required": ["action"],
+                    "additionalProperties": False,
+                },
+            )
+        ]
+
+    def step(self, call: ToolCall) -> StepResult:
+        env = self._live_env()
+        if not self._started:
+            raise RuntimeError("reset() the episode before step()")
+        if self._done:
+            raise RuntimeError(f"episode for {self.task.id} is already over")
+        if call.name != self.TOOL:
+            raise ActionError(f"unknown tool {call.name!r}; the only tool is {self.TOOL!r}")
+        action = call.args.get("action")
+        if not isinstance(action, str) or not action.strip():
+            raise ActionError("'act' needs an 'action' string: one of the valid actions")
+        by_norm = {_normalize(a): a for a in self._valid}
+        chosen = by_norm.get(_normalize(action))
+        if chosen is None:
+            raise ActionError(f"{action!r} is not a valid action now. {_format_actions(self._valid)}")
+        self._broken = True
+        obs, reward, _, infos = env.step(chosen)
+        self._broken = False
+        self._taken.append(chosen)
+        success = bool(infos["tasksuccess"])
+        score = float(infos["score"])
+        self._done = success or bool(infos["taskfailure"]) or score >= 1.0
+        self._valid = [] if self._done else sorted(str(a) for a in infos["validActions"])
+        observation = str(obs).strip()
+        if not self._done:
+            observation += "\n" + _format_actions(self._valid)
+        return StepResult(
+            observation=observation,
+            done=self._done,
+            success=success,
+            score=score,
+            reward=float(reward),
+        )
+
+    def valid_actions(self) -> list[ToolCall]:
+        return [ToolCall(name=self.TOOL, args={"action": a}) for a in self._valid]
+
+    def expert_actions(self) -> list[ToolCall] | None:
+        """The rest of the gold path, while the actions so far follow it; else None."""
+        if self._gold is None:
+            return None
+        if self._done:
+            return []
+        n = len(self._taken)
+        if self._taken != self._gold[:n]:
+            return None
+        return [ToolCall(name=self.TOOL, args={"action": a}) for a in self._gold[n:]]
+
+    def close(self) -> None:
+        env, self._env = self._env, None
+        if env is not None:
+            self._pool.release(env, broken=self._broken)

@@ -1,0 +1,79 @@
+"""The generation flow end to end: real Prefect (ephemeral), MLflow (sqlite), embedded server, suites."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.generation import generation_flow
+from flows.launch import run_flow
+from flows.rollouts import summarize, wilson_interval
+from memory.trajectory_store import open_store
+from ratchet.config import load_settings
+
+
+def test_wilson_interval_is_sane_at_the_edges():
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and 0.2 < hi < 0.35
+    lo, hi = wilson_interval(10, 10)
+    assert hi == pytest.approx(1.0) and 0.65 < lo < 0.8
+    lo, hi = wilson_interval(5, 10)
+    assert lo < 0.5 < hi and abs((0.5 - lo) - (hi - 0.5)) < 1e-9
+
+
+def test_summary_counts_only_finished_agent_rollouts():
+    from ratchet.types import Trajectory
+
+    def t(i, **kw):
+        base = dict(id=str(i), evolution="e", generation=0, task_id=f"s:x:test:{i % 2}", suite="s", subset="x",
+                    split="test", rollout=i, seed=0, policy_version="p")
+        return Trajectory(**(base | kw))
+
+    rep = summarize([t(0, success=True), t(1), t(2, status="error"), t(3, kind="expert", success=True)], "test")
+    assert (rep.n, rep.successes, rep.errors) == (2, 1, 1)
+    assert rep.by_task == {"s:x:test:0": 1.0, "s:x:test:1": 0.0}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("suite", ["textworld-express:coin", "reasoning-gym:chain_sum"])
+def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_path: Path, suite: str):
+    settings = load_settings({
+        "data_dir": tmp_path, "suite": suite, "splits.train": 1, "splits.test": 1,
+        "explore.rollouts_per_task": 2, "max_steps": 3, "concurrency": 2,
+    })
+    result = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
+
+    store = open_store(settings.trajectories_db)
+    trajs = store.query(evolution="default", generation=0)
+    assert sorted(t.split for t in trajs) == ["test", "train", "train"]
+    assert all(t.status == "finished" and 1 <= t.n_steps <= 3 for t in trajs), [t.error for t in trajs]
+    assert all(s.tool_call is not None for t in trajs for s in t.steps if s.source == "model" and not s.error)
+    assert all(t.policy_version == result.explore.policy_version for t in trajs)
+    train = [t for t in trajs if t.split == "train"]
+    assert train[0].seed != train[1].seed  # two different samples of the same task
+    assert result.explore.report.n == 2 and result.evaluate.report.n == 1
+
+    client = MlflowClient(settings.mlflow_uri)
+    run = client.get_run(result.run_id)
+    for key in ("train_success", "test_success", "test_success_ci_high", "train_mean_steps",
+                "test_prompt_tokens", "explore_wall_seconds", "evaluate_wall_seconds"):
+        assert key in run.data.metrics, key
+    assert run.data.metrics["test_success"] == float(result.evaluate.report.success_rate)
+    assert run.data.params["policy_version"] == result.explore.policy_version
+    assert run.data.params["suite"] == suite and run.data.params["experts_used"] == "False"
+    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["ratchet.kind"] == "evolution"
+    artifacts = {f.path for d in ("plots", "samples") for f in client.list_artifacts(result.run_id, d)}
+    assert {"plots/explore_success_by_task.png", "plots/evaluate_success_by_task.png",
+            "samples/explore_trajectories.jsonl"} <= artifacts
+
+    # Rerun: every rollout is already stored, so nothing is played again; same MLflow run.
+    before = {t.id: t.created_at for t in trajs}
+    again = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
+    assert again.run_id == result.run_id
+    assert again.explore.report.skipped == 2 and again.evaluate.report.skipped == 1
+    assert {t.id: t.created_at for t in store.query(evolution="default")} == before
+    store.close()
