@@ -54,6 +54,7 @@ class RolloutContext:
     policy: Policy
     settings: ActorSettings
     observation: str
+    options: str = ""  # the latest StepResult.options, appended to whatever the model sees last
     tool_runner: ToolRunner | None = None
     steps: list[Step] = field(default_factory=list)
     outcome: StepResult | None = None
@@ -78,7 +79,7 @@ def build_actor(llm: BaseChatModel) -> Any:
 
     def model(state: ActorState, runtime: Runtime[RolloutContext]) -> dict[str, Any]:
         ctx = runtime.context
-        step = Step(index=len(ctx.steps), observation=ctx.observation)
+        step = Step(index=len(ctx.steps), observation=_join(ctx.observation, ctx.options))
         started = time.perf_counter()
         try:
             call = None
@@ -121,6 +122,7 @@ def build_actor(llm: BaseChatModel) -> Any:
         try:
             result = _execute(ctx, step.tool_call)
             step.tool_result, step.reward = result.observation, result.reward
+            ctx.options = result.options
             if result.done:
                 ctx.outcome = result
         except ActionError as exc:
@@ -161,6 +163,8 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step)
         HumanMessage(state["task"]),
         *window,
     ]
+    if ctx.options:  # current options go with the latest message only, never into history
+        prompt[-1] = prompt[-1].model_copy(update={"content": _join(str(prompt[-1].content), ctx.options)})
     tool_defs = [t.to_openai() for t in (*ctx.episode.tools(), *ctx.policy.tools)]
     seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
     bound = llm.bind_tools(tool_defs, tool_choice="required")
@@ -179,6 +183,10 @@ def _execute(ctx: RolloutContext, call: ToolCall) -> StepResult:
             raise RuntimeError(f"policy tool {call.name!r} is active but no tool runner was given")
         return StepResult(observation=ctx.tool_runner.call(call.name, call.args))
     raise ActionError(f"unknown tool {call.name!r}")
+
+
+def _join(text: str, options: str) -> str:
+    return f"{text}\n{options}" if options else text
 
 
 def initial_state(instruction: str, observation: str) -> ActorState:

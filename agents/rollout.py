@@ -46,6 +46,7 @@ def run_rollout(
             policy=policy,
             settings=settings,
             observation=first.observation,
+            options=first.options,
             tool_runner=tool_runner,
         )
         try:

@@ -177,8 +177,7 @@ _ORDER = "ORDER BY generation, task_id, rollout, evolution, id"
 _UPSERT = (
     f"INSERT INTO trajectories ({', '.join(_COLUMNS)}, data) "
     f"VALUES ({', '.join('?' * (len(_COLUMNS) + 1))}) "
-    f"ON CONFLICT(id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in (*_COLUMNS[1:], "data"))
+    f"ON CONFLICT(id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in (*_COLUMNS[1:], "data"))
 )
 
 
@@ -251,9 +250,7 @@ class SQLiteTrajectoryStore:
         if conn is None:
             # isolation_level=None: autocommit, so each single-statement write is atomic on its own.
             # check_same_thread=False only so close() can close every thread's connection.
-            conn = sqlite3.connect(
-                self.path, timeout=30, isolation_level=None, check_same_thread=False
-            )
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA busy_timeout=30000")
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn

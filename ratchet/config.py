@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     seed: int = Field(default=0, description="base seed: task sampling and rollout seeds derive from it")
     concurrency: int = Field(default=4, ge=1, description="rollouts in flight at once")
     max_steps: int | None = Field(default=None, ge=1, description="override the suite's step budget")
-    history_window: int = Field(default=4, ge=1, description="past steps shown to the model")
+    history_window: int = Field(default=2, ge=1, description="past steps shown to the model")
     trace_sample_rate: float = Field(
         default=0.0, ge=0, le=1, description="fraction of rollouts traced to MLflow (LangGraph autolog)"
     )

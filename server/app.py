@@ -90,10 +90,8 @@ def render_tools(tools: list[dict[str, Any]]) -> str:
     for t in tools:
         fn = t.get("function", t)
         props = (fn.get("parameters") or {}).get("properties", {})
-        args = ", ".join(
-            f"{k}: {v.get('type', 'any')}" + (f" (one of {v['enum']})" if "enum" in v else "")
-            for k, v in props.items()
-        )
+        # enum values are not listed: the grammar enforces them and they cost prompt tokens
+        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
         lines.append(f"- {fn['name']}({args}): {fn.get('description', '')}")
     return "\n".join(lines)
 

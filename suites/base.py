@@ -20,6 +20,9 @@ class ActionError(Exception):
 @dataclass
 class StepResult:
     observation: str
+    options: str = (
+        ""  # what the agent can do now (e.g. valid actions): shown with the latest observation only
+    )
     done: bool = False
     success: bool = False
     score: float = 0.0

@@ -331,11 +331,11 @@ class TextWorldExpressEpisode(Episode):
         self._started = True
         self._done = False
         self._valid = sorted(str(a) for a in infos["validActions"])
-        observation = (
-            f"Task: {str(infos['taskDescription']).strip()}\n\n"
-            f"{str(infos['observation']).strip()}\n{_format_actions(self._valid)}"
+        return StepResult(
+            observation=str(infos["observation"]).strip(),
+            options=_format_actions(self._valid),
+            score=float(infos["score"]),
         )
-        return StepResult(observation=observation, score=float(infos["score"]))
 
     def tools(self) -> list[ToolSpec]:
         return [
@@ -383,11 +383,9 @@ class TextWorldExpressEpisode(Episode):
         score = float(infos["score"])
         self._done = success or bool(infos["taskfailure"]) or score >= 1.0
         self._valid = [] if self._done else sorted(str(a) for a in infos["validActions"])
-        observation = str(obs).strip()
-        if not self._done:
-            observation += "\n" + _format_actions(self._valid)
         return StepResult(
-            observation=observation,
+            observation=str(obs).strip(),
+            options="" if self._done else _format_actions(self._valid),
             done=self._done,
             success=success,
             score=score,

@@ -48,7 +48,14 @@ class Counter(Episode):
             raise ActionError(f"{action!r} is not a valid action")
         self.value += 1 if action == "up" else -1
         done = self.value >= 2
-        return StepResult(f"value {self.value}", done=done, success=done, score=float(done), reward=1.0)
+        return StepResult(
+            f"value {self.value}",
+            options=f"Valid now: up, down (at {self.value})",
+            done=done,
+            success=done,
+            score=float(done),
+            reward=1.0,
+        )
 
 
 class CounterSuite(Suite):
@@ -197,3 +204,19 @@ def test_seeds_and_temperature_reach_the_model_call():
     assert kw[0]["seed"] != kw[1]["seed"]  # a fresh seed per step
     _, llm2 = play([call("act", action="up"), call("act", action="up")], temperature=0.7, seed=3)
     assert [c["kwargs"]["seed"] for c in llm2.calls] == [k["seed"] for k in kw]
+
+
+def test_options_are_shown_with_the_latest_observation_only():
+    traj, llm = play(
+        [
+            call("act", action="down"),
+            call("act", action="up"),
+            call("act", action="up"),
+            call("act", action="up"),
+        ],
+        history_window=3,
+    )
+    last = llm.calls[-1]["messages"]
+    assert last[-1].content.endswith("Valid now: up, down (at 1)")
+    assert all("Valid now" not in str(m.content) for m in last[:-1])
+    assert traj.steps[2].observation == "value 0\nValid now: up, down (at 0)"  # what the model saw

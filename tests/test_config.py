@@ -30,7 +30,9 @@ def test_defaults_use_the_embedded_server_and_keep_state_under_data_dir():
 
 def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     cfg = tmp_path / "ratchet.toml"
-    cfg.write_text('suite = "reasoning-gym"\nconcurrency = 3\n[model]\nmax_tokens = 50\n[explore]\nepsilon = 0.3\n')
+    cfg.write_text(
+        'suite = "reasoning-gym"\nconcurrency = 3\n[model]\nmax_tokens = 50\n[explore]\nepsilon = 0.3\n'
+    )
     s = load_settings()
     assert (s.suite, s.concurrency, s.model.max_tokens, s.explore.epsilon) == ("reasoning-gym", 3, 50, 0.3)
     monkeypatch.setenv("RATCHET_CONCURRENCY", "2")

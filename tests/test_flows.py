@@ -28,11 +28,23 @@ def test_summary_counts_only_finished_agent_rollouts():
     from ratchet.types import Trajectory
 
     def t(i, **kw):
-        base = dict(id=str(i), evolution="e", generation=0, task_id=f"s:x:test:{i % 2}", suite="s", subset="x",
-                    split="test", rollout=i, seed=0, policy_version="p")
+        base = dict(
+            id=str(i),
+            evolution="e",
+            generation=0,
+            task_id=f"s:x:test:{i % 2}",
+            suite="s",
+            subset="x",
+            split="test",
+            rollout=i,
+            seed=0,
+            policy_version="p",
+        )
         return Trajectory(**(base | kw))
 
-    rep = summarize([t(0, success=True), t(1), t(2, status="error"), t(3, kind="expert", success=True)], "test")
+    rep = summarize(
+        [t(0, success=True), t(1), t(2, status="error"), t(3, kind="expert", success=True)], "test"
+    )
     assert (rep.n, rep.successes, rep.errors) == (2, 1, 1)
     assert rep.by_task == {"s:x:test:0": 1.0, "s:x:test:1": 0.0}
 
@@ -40,10 +52,17 @@ def test_summary_counts_only_finished_agent_rollouts():
 @pytest.mark.integration
 @pytest.mark.parametrize("suite", ["textworld-express:coin", "reasoning-gym:chain_sum"])
 def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_path: Path, suite: str):
-    settings = load_settings({
-        "data_dir": tmp_path, "suite": suite, "splits.train": 1, "splits.test": 1,
-        "explore.rollouts_per_task": 2, "max_steps": 3, "concurrency": 2,
-    })
+    settings = load_settings(
+        {
+            "data_dir": tmp_path,
+            "suite": suite,
+            "splits.train": 1,
+            "splits.test": 1,
+            "explore.rollouts_per_task": 2,
+            "max_steps": 3,
+            "concurrency": 2,
+        }
+    )
     result = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
 
     store = open_store(settings.trajectories_db)
@@ -58,8 +77,15 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
 
     client = MlflowClient(settings.mlflow_uri)
     run = client.get_run(result.run_id)
-    for key in ("train_success", "test_success", "test_success_ci_high", "train_mean_steps",
-                "test_prompt_tokens", "explore_wall_seconds", "evaluate_wall_seconds"):
+    for key in (
+        "train_success",
+        "test_success",
+        "test_success_ci_high",
+        "train_mean_steps",
+        "test_prompt_tokens",
+        "explore_wall_seconds",
+        "evaluate_wall_seconds",
+    ):
         assert key in run.data.metrics, key
     assert run.data.metrics["test_success"] == float(result.evaluate.report.success_rate)
     assert run.data.params["policy_version"] == result.explore.policy_version
@@ -67,8 +93,11 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["ratchet.kind"] == "evolution"
     artifacts = {f.path for d in ("plots", "samples") for f in client.list_artifacts(result.run_id, d)}
-    assert {"plots/explore_success_by_task.png", "plots/evaluate_success_by_task.png",
-            "samples/explore_trajectories.jsonl"} <= artifacts
+    assert {
+        "plots/explore_success_by_task.png",
+        "plots/evaluate_success_by_task.png",
+        "samples/explore_trajectories.jsonl",
+    } <= artifacts
 
     # Rerun: every rollout is already stored, so nothing is played again; same MLflow run.
     before = {t.id: t.created_at for t in trajs}

@@ -18,7 +18,10 @@ def test_shipped_suites_are_registered():
 
 def test_spec_parsing():
     assert parse_suite_spec("reasoning-gym") == ("reasoning-gym", None)
-    assert parse_suite_spec("reasoning-gym:chain_sum, countdown") == ("reasoning-gym", ["chain_sum", "countdown"])
+    assert parse_suite_spec("reasoning-gym:chain_sum, countdown") == (
+        "reasoning-gym",
+        ["chain_sum", "countdown"],
+    )
 
 
 def test_unknown_suite_lists_the_installed_ones():
@@ -34,7 +37,8 @@ def test_unknown_subset_lists_the_choices():
 
 
 def test_a_third_party_suite_plugs_in_without_editing_ratchet(tmp_path: Path, monkeypatch):
-    (tmp_path / "acme_suite.py").write_text(textwrap.dedent('''
+    (tmp_path / "acme_suite.py").write_text(
+        textwrap.dedent("""
         from ratchet.types import Task
         from suites.base import Suite
 
@@ -48,7 +52,8 @@ def test_a_third_party_suite_plugs_in_without_editing_ratchet(tmp_path: Path, mo
                 return [{"train": 0, "dev": 100, "test": 200}[split] + i for i in range(n)]
             def episode(self, task):
                 raise NotImplementedError
-    '''))
+    """)
+    )
     dist = tmp_path / "acme_suite-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-suite\nVersion: 1.0\n")

@@ -48,9 +48,17 @@ def test_tool_schema_allows_exactly_the_offered_calls():
 def test_history_with_tool_calls_becomes_plain_turns():
     msgs = [
         {"role": "system", "content": "sys"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "1", "type": "function",
-                         "function": {"name": "act", "arguments": '{"action": "go north"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "1",
+                    "type": "function",
+                    "function": {"name": "act", "arguments": '{"action": "go north"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "1", "content": "You are north."},
     ]
     turns = to_chatml_messages(msgs, "TOOLS")
@@ -80,14 +88,17 @@ def test_health_and_models(embedded_server):
 @pytest.mark.integration
 def test_required_tool_choice_always_gives_a_valid_action(embedded_server):
     for seed in range(4):
-        body = chat(embedded_server, tools=[ACT], tool_choice="required", temperature=1.2, seed=seed,
-                    max_tokens=40)
+        body = chat(
+            embedded_server, tools=[ACT], tool_choice="required", temperature=1.2, seed=seed, max_tokens=40
+        )
         choice = body["choices"][0]
         assert choice["finish_reason"] == "tool_calls"
         call = choice["message"]["tool_calls"][0]
         assert call["function"]["name"] == "act" and call["id"].startswith("call_")
-        assert json.loads(call["function"]["arguments"])["action"] in ACT["function"]["parameters"][
-            "properties"]["action"]["enum"]
+        assert (
+            json.loads(call["function"]["arguments"])["action"]
+            in ACT["function"]["parameters"]["properties"]["action"]["enum"]
+        )
         assert body["usage"]["completion_tokens"] > 0 and body["usage"]["prompt_tokens"] > 20
 
 
@@ -100,11 +111,18 @@ def test_seeded_sampling_is_reproducible(embedded_server):
 
 @pytest.mark.integration
 def test_json_schema_response_format(embedded_server):
-    schema = {"type": "object", "properties": {"count": {"type": "integer"}, "ok": {"type": "boolean"}},
-              "required": ["count", "ok"], "additionalProperties": False}
-    body = chat(embedded_server, response_format={"type": "json_schema",
-                                                  "json_schema": {"name": "x", "schema": schema}},
-                max_tokens=40, temperature=0)
+    schema = {
+        "type": "object",
+        "properties": {"count": {"type": "integer"}, "ok": {"type": "boolean"}},
+        "required": ["count", "ok"],
+        "additionalProperties": False,
+    }
+    body = chat(
+        embedded_server,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        max_tokens=40,
+        temperature=0,
+    )
     value = json.loads(body["choices"][0]["message"]["content"])
     assert set(value) == {"count", "ok"} and isinstance(value["count"], int)
 
@@ -148,13 +166,18 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
     adapter_dir = tmp_path / "adapter"
     get_peft_model(base, cfg).save_pretrained(adapter_dir)
 
-    r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "t1", "lora_path": str(adapter_dir)})
+    r = httpx.post(
+        f"{embedded_server}/load_lora_adapter", json={"lora_name": "t1", "lora_path": str(adapter_dir)}
+    )
     assert r.status_code == 200, r.text
     try:
         ids = [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
         assert "t1" in ids
-        served = httpx.post(f"{embedded_server}/chat/completions", timeout=120, json={
-            "model": "t1", "messages": USER, "temperature": 0, "max_tokens": 12}).json()
+        served = httpx.post(
+            f"{embedded_server}/chat/completions",
+            timeout=120,
+            json={"model": "t1", "messages": USER, "temperature": 0, "max_tokens": 12},
+        ).json()
         text = served["choices"][0]["message"]["content"]
         base_text = chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
         assert text != base_text  # the adapter changes what the model says
@@ -162,9 +185,11 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
         tok = AutoTokenizer.from_pretrained(base_model_dir)
         fresh = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
         model = PeftModel.from_pretrained(fresh, adapter_dir).eval()
-        prompt = tok.apply_chat_template(USER, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        prompt = tok.apply_chat_template(
+            USER, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         out = model.generate(**prompt, max_new_tokens=12, do_sample=False)
-        expected = tok.decode(out[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+        expected = tok.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
         assert text == expected
     finally:
         httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": "t1"})

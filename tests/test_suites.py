@@ -72,8 +72,9 @@ def test_twx_expert_path_solves_coin(twx: TextWorldExpressSuite) -> None:
     for task in coin + twc:
         with twx.episode(task) as ep:
             first = ep.reset()
-            assert task.instruction in first.observation
-            assert "Valid actions: " in first.observation
+            assert task.instruction and first.observation
+            assert first.options.startswith("Valid actions: ")  # shown with the latest observation only
+            assert "Valid actions" not in first.observation
             assert not first.done and not first.success
             expert = ep.expert_actions()
             assert expert, "TWX generates a gold path at reset"
@@ -114,7 +115,7 @@ def test_twx_invalid_action_and_tool_schema(twx: TextWorldExpressSuite) -> None:
         result = ep.step(_act("inventory"))
         assert not result.done
         assert "inventory" in result.observation.lower()
-        assert result.observation.rstrip().splitlines()[-1].startswith("Valid actions: ")
+        assert result.options.startswith("Valid actions: ") and "Valid actions" not in result.observation
         # the enum follows the state
         assert ep.tools()[0].parameters["properties"]["action"]["enum"] == [
             c.args["action"] for c in ep.valid_actions()
@@ -137,10 +138,11 @@ def test_twx_concurrent_episodes_replay_identically(twx: TextWorldExpressSuite) 
         try:
             rng = random.Random(7)  # same action choices in both threads
             with twx.episode(task) as ep:
-                trace = [ep.reset().observation]
+                first = ep.reset()
+                trace = [first.observation + first.options]
                 for _ in range(8):
                     step = ep.step(ep.random_action(rng))
-                    trace.append(step.observation)
+                    trace.append(step.observation + step.options)
                     if step.done:
                         break
             results[slot] = trace
