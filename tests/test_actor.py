@@ -95,7 +95,7 @@ def test_success_records_every_step_and_outcome():
     traj, llm = play([call("act", action="up"), call("act", action="up")])
     assert traj.success and traj.status == "finished" and traj.score == 1.0
     assert [s.tool_call.args["action"] for s in traj.steps] == ["up", "up"]
-    assert [s.observation for s in traj.steps] == ["value 0", "value 1"]
+    assert [s.observation for s in traj.steps] == ["value 0", "value 1\nValid now: up, down (at 1)"]
     assert traj.steps[1].tool_result == "value 2"
     assert len(llm.calls) == 2
     assert llm.calls[0]["kwargs"]["tool_choice"] == "required"

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.app import tool_call_schema, to_chatml_messages
-from server.launcher import EmbeddedServer, check_endpoint
 from ratchet.errors import EndpointError, PortInUseError
+from server.app import to_chatml_messages, tool_call_schema
+from server.launcher import EmbeddedServer, check_endpoint
 
 MODEL = "smollm2-135m-instruct"
 ACT = {
