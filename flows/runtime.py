@@ -18,8 +18,8 @@ from ratchet.config import Settings
 from ratchet.errors import EndpointError
 from ratchet.runtime_env import prepare_environment
 from ratchet.types import Policy
-from server.launcher import EmbeddedServer, check_endpoint
-from server.weights import BASE_MODEL_NAME
+from server.launcher import EmbeddedServer, check_endpoint, check_port_free
+from server.weights import BASE_MODEL_NAME, shipped_gguf
 from suites import Suite, get_suite
 
 
@@ -58,6 +58,22 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
         settings.models_dir, settings.logs_dir, port=settings.model.port, max_batch=settings.model.max_batch
     ) as url:
         yield url
+
+
+def preflight(settings: Settings) -> None:
+    """Fail fast on bad input, before a flow run or any state exists: suite, Java, endpoint, port."""
+    suite = get_suite(settings.suite)
+    try:
+        suite.check()
+    finally:
+        suite.close()
+    if settings.model.endpoint:
+        with model_endpoint(settings):
+            pass
+    elif settings.model.port:
+        check_port_free("127.0.0.1", settings.model.port)
+    if not settings.model.endpoint:
+        shipped_gguf()  # the model package is installed
 
 
 @contextmanager

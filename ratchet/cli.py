@@ -7,6 +7,7 @@ as one line with exit code 2.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,6 +77,8 @@ def _settings(**overrides: Any) -> Settings:
     flat = {k: v for k, v in _global.items() if k != "config"} | overrides
     settings = load_settings(flat, config_file=_global.get("config"))
     prepare_environment(settings)
+    for noisy in ("mlflow", "alembic", "py4j", "httpx"):  # their INFO lines drown the progress bars
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     return settings
 
 
@@ -146,6 +149,9 @@ def explore(
         settings = _settings(**{"splits.train": train, "explore.rollouts_per_task": k})
         from flows.explore import explore as explore_flow
         from flows.launch import run_flow
+        from flows.runtime import preflight
+
+        preflight(settings)
 
         with _progress():
             result = run_flow(explore_flow, settings, generation=generation)
@@ -162,6 +168,9 @@ def evaluate(
         settings = _settings(**{"splits.test": test})
         from flows.evaluate import evaluate as evaluate_flow
         from flows.launch import run_flow
+        from flows.runtime import preflight
+
+        preflight(settings)
 
         with _progress():
             result = run_flow(evaluate_flow, settings, generation=generation)
@@ -180,6 +189,9 @@ def run(
         settings = _settings(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
         from flows.generation import generation_flow
         from flows.launch import run_flow
+        from flows.runtime import preflight
+
+        preflight(settings)
 
         with _progress():
             result = run_flow(generation_flow, settings, generation=generation)
@@ -306,13 +318,12 @@ def _print_stages(settings: Settings, results: list[Any], run_id: str | None = N
         "stage",
         "split",
         "tasks",
-        "rollouts",
-        "success",
-        "95% CI",
-        "mean steps",
+        "runs",
+        "success [95% CI]",
+        "steps",
         "tokens",
-        "errors",
-        "wall s",
+        "err",
+        "wall",
         title=f"evolution {settings.evolution} · {settings.suite}",
     )
     for r in results:
@@ -323,23 +334,30 @@ def _print_stages(settings: Settings, results: list[Any], run_id: str | None = N
             rep.split,
             str(len(rep.by_task)),
             str(rep.n),
-            f"{rep.success_rate:.1%}",
-            f"{lo:.0%}–{hi:.0%}",
+            f"{rep.success_rate:.0%} [{lo:.0%}–{hi:.0%}]",
             f"{rep.mean_steps:.1f}",
-            str(rep.prompt_tokens + rep.completion_tokens),
+            f"{(rep.prompt_tokens + rep.completion_tokens) / 1000:.0f}k",
             str(rep.errors),
-            f"{r.wall_seconds:.0f}",
+            f"{r.wall_seconds:.0f}s",
         )
     console.print(table)
     policy = results[0].policy_version if results else "?"
     console.print(
         f"policy {policy} · trajectories in {settings.trajectories_db}"
-        + (f" · MLflow run {run_id}" if run_id else "")
+        + (f" · MLflow run {run_id}" if run_id else ""),
+        soft_wrap=True,
     )
-    console.print(f"browse: mlflow ui --backend-store-uri {settings.mlflow_uri}")
+    console.print(f"browse: mlflow ui --backend-store-uri {settings.mlflow_uri}", soft_wrap=True)
+
+
+def _terminate_gracefully(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # so `with` blocks stop the model server and close stores
 
 
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate_gracefully)
     try:
         app()
     except RatchetError as exc:  # raised outside a command's guard (e.g. while parsing settings)

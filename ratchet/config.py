@@ -61,9 +61,9 @@ class EvaluateSettings(BaseModel):
 
 
 class SplitSizes(BaseModel):
-    train: int = Field(default=4, ge=0, description="train tasks per subset")
-    dev: int = Field(default=4, ge=0, description="dev tasks per subset")
-    test: int = Field(default=4, ge=0, description="test tasks per subset")
+    train: int = Field(default=2, ge=0, description="train tasks per subset")
+    dev: int = Field(default=3, ge=0, description="dev tasks per subset")
+    test: int = Field(default=3, ge=0, description="test tasks per subset")
 
 
 class Settings(BaseSettings):
@@ -81,9 +81,15 @@ class Settings(BaseSettings):
         description="suite plug-in, optionally with subsets: 'reasoning-gym:chain_sum,countdown'",
     )
     seed: int = Field(default=0, description="base seed: task sampling and rollout seeds derive from it")
-    concurrency: int = Field(default=4, ge=1, description="rollouts in flight at once")
+    concurrency: int = Field(
+        default=8, ge=1, description="rollouts in flight at once (the server batches them)"
+    )
     max_steps: int | None = Field(default=None, ge=1, description="override the suite's step budget")
-    history_window: int = Field(default=2, ge=1, description="past steps shown to the model")
+    history_window: int = Field(
+        default=30,
+        ge=1,
+        description="past steps shown to the model (long is cheap: the embedded server caches prompt prefixes)",
+    )
     trace_sample_rate: float = Field(
         default=0.0, ge=0, le=1, description="fraction of rollouts traced to MLflow (LangGraph autolog)"
     )

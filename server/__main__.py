@@ -16,7 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models-dir", type=Path, required=True)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=int(os.environ.get("RATCHET_SERVER_THREADS", "2")))
+    p.add_argument("--prefix-cache-tokens", type=int, default=32_768, help="0 disables prefix caching")
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
 
     from server.launcher import check_port_free
 
@@ -35,13 +39,35 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = Engine(ensure_hf_copy(args.models_dir), max_batch=args.max_batch)
+    engine = Engine(
+        ensure_hf_copy(args.models_dir),
+        max_batch=args.max_batch,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+    )
     app = create_app(engine, BASE_MODEL_NAME)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         engine.close()
     return 0
+
+
+def _exit_with_parent(pid: int) -> None:
+    """An embedded server must not outlive the ratchet process that started it (even on kill -9)."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(2)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ class ChatRequest(BaseModel):
     seed: int | None = None
     n: int = 1
     stream: bool = False
+    ignore_eos: bool = False  # vLLM extension: keep generating past end-of-sequence (benchmarks)
 
 
 class LoraRequest(BaseModel):
@@ -230,6 +231,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             seed=req.seed,
             grammar=grammar,
             adapter=None if req.model == model_name else req.model,
+            ignore_eos=req.ignore_eos,
         )
         try:
             result = await asyncio.wrap_future(engine.submit(gen))

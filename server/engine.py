@@ -28,6 +28,8 @@ import torch
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from server.prefix_cache import PrefixCache
+
 log = logging.getLogger("ratchet.server")
 
 
@@ -40,6 +42,7 @@ class GenRequest:
     seed: int | None = None
     grammar: xgr.CompiledGrammar | None = None
     adapter: str | None = None
+    ignore_eos: bool = False  # benchmarks: always generate max_tokens (vLLM's extension of the same name)
     future: Future[GenResult] = field(default_factory=Future)
 
 
@@ -59,7 +62,13 @@ class AdapterError(ValueError):
 class Engine:
     """Owns the model. Thread-safe `submit`; generation and adapter changes run on one worker."""
 
-    def __init__(self, model_dir: Path, max_batch: int = 8, batch_wait_s: float = 0.01) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        max_batch: int = 8,
+        batch_wait_s: float = 0.01,
+        prefix_cache_tokens: int = 32_768,
+    ) -> None:
         self.model_dir = Path(model_dir)
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -75,7 +84,15 @@ class Engine:
         )
         self.compiler = xgr.GrammarCompiler(info, max_threads=1)
         self.adapters: dict[str, str] = {}  # name -> path
-        self.stats = {"requests": 0, "batches": 0, "largest_batch": 0, "generated_tokens": 0}
+        self.stats = {
+            "requests": 0,
+            "batches": 0,
+            "largest_batch": 0,
+            "generated_tokens": 0,
+            "prompt_tokens": 0,
+            "prefilled_tokens": 0,
+        }
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._queue: queue.Queue[GenRequest] = queue.Queue()
         self._lock = threading.Lock()  # held while the model runs or changes
         self._stopped = threading.Event()
@@ -129,6 +146,7 @@ class Engine:
                 raise AdapterError(f"adapter {name!r} is not loaded")
             self.model.delete_adapter(name)
             del self.adapters[name]
+            self.prefix_cache.drop_adapter(name)
 
     def close(self) -> None:
         self._stopped.set()
@@ -206,6 +224,66 @@ class Engine:
         with ctx:
             return self._decode(reqs)
 
+    def _prefill(
+        self, prompts: list[list[int]], adapter: str | None
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One batched forward over what the prefix cache does not already hold.
+
+        Row i is laid out as [pad | cached prefix (m_i) | pad | new tokens (s_i)] — holes are
+        masked out, positions are explicit — so hits and misses share one forward pass.
+        Returns the batch cache, its attention mask, each row's next position and last logits.
+        """
+        n = len(prompts)
+        hits = [self.prefix_cache.lookup(adapter, p) for p in prompts]
+        past = max(m for m, _ in hits)
+        width = max(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
+        cache = DynamicCache()
+        attn = torch.zeros((n, past + width), dtype=torch.long)
+        if past:
+            layers = len(next(kv for _, kv in hits if kv is not None))
+            ref_k, ref_v = next(kv for _, kv in hits if kv is not None)[0]
+            for layer in range(layers):
+                keys = ref_k.new_zeros((n, ref_k.shape[1], past, ref_k.shape[3]))
+                values = ref_v.new_zeros((n, ref_v.shape[1], past, ref_v.shape[3]))
+                for i, (m, kv) in enumerate(hits):
+                    if kv is not None:
+                        keys[i, :, past - m :] = kv[layer][0][0]
+                        values[i, :, past - m :] = kv[layer][1][0]
+                cache.update(keys, values, layer)
+        input_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
+            new = p[m:]
+            attn[i, past - m : past] = 1
+            attn[i, past + width - len(new) :] = 1
+            input_ids[i, width - len(new) :] = torch.tensor(new)
+            positions[i, width - len(new) :] = torch.arange(m, len(p))
+        logits = (
+            self.model(
+                input_ids=input_ids,
+                attention_mask=attn,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            .logits[:, -1, :]
+            .float()
+        )
+        for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
+            cols = torch.cat(
+                [torch.arange(past - m, past), torch.arange(past + width - (len(p) - m), past + width)]
+            )
+            kv = [
+                (lay.keys[i : i + 1, :, cols].clone(), lay.values[i : i + 1, :, cols].clone())
+                for lay in cache.layers
+            ]
+            self.prefix_cache.store(adapter, p, kv)
+        self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.stats["prefilled_tokens"] += sum(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
+        next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        return cache, attn, next_pos, logits
+
     def _decode(self, reqs: list[GenRequest]) -> list[GenResult]:
         n = len(reqs)
         pad = self.tokenizer.pad_token_id
@@ -219,13 +297,7 @@ class Engine:
                 m.accept_string(text)
             forced.append(self.tokenizer.encode(text, add_special_tokens=False) if text else [])
         prompts = [r.prompt_ids + f for r, f in zip(reqs, forced, strict=True)]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((n, width), pad, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) :] = torch.tensor(p)
-            attn[i, width - len(p) :] = 1
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache, attn, next_pos, logits = self._prefill(prompts, reqs[0].adapter)
 
         bitmask = xgr.allocate_token_bitmask(n, self.vocab_size) if any(matchers) else None
         gens = []
@@ -239,20 +311,6 @@ class Engine:
         out_ids: list[list[int]] = [list(f) for f in forced]
         finish: list[str | None] = [None] * n
         complete = [False] * n
-        cache = DynamicCache()
-        logits = (
-            self.model(
-                input_ids=input_ids,
-                attention_mask=attn,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            .logits[:, -1, :]
-            .float()
-        )
-        next_pos = positions[:, -1] + 1
         max_new = max(r.max_tokens for r in reqs)
         for _ in range(max_new):
             logits = logits[:, : self.vocab_size]
@@ -278,7 +336,7 @@ class Engine:
                 if m is not None and not m.accept_token(tok):
                     finish[i] = "stop"  # cannot happen with a correct mask; stop rather than emit junk
                     continue
-                if tok in self.stop_ids:
+                if tok in self.stop_ids and not (r.ignore_eos and m is None):
                     finish[i] = "stop"
                     complete[i] = m is not None and m.is_terminated()
                     continue

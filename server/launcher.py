@@ -102,6 +102,8 @@ class EmbeddedServer:
                     str(self.models_dir),
                     "--max-batch",
                     str(self.max_batch),
+                    "--parent-pid",
+                    str(os.getpid()),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

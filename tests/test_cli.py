@@ -1,0 +1,129 @@
+"""The `ratchet` command as a user runs it: real subprocesses, real exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RATCHET = str(Path(sys.executable).parent / "ratchet")
+
+
+def ratchet(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")}
+    full_env.update(COLUMNS="200", **(env or {}))
+    return subprocess.run(
+        [RATCHET, "--data-dir", str(cwd / "data"), *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_one_line_error(proc, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def nothing_written(data: Path) -> bool:
+    return not (data / "trajectories.db").exists() and not (data / "mlflow.db").exists()
+
+
+def test_suites_list(tmp_path):
+    proc = ratchet("suites", "list", cwd=tmp_path)
+    assert proc.returncode == 0 and "textworld-express" in proc.stdout and "reasoning-gym" in proc.stdout
+
+
+def test_unknown_suite_names_the_installed_ones(tmp_path):
+    proc = ratchet("--suite", "nethack", "explore", cwd=tmp_path)
+    assert_one_line_error(proc, "unknown suite 'nethack'", "reasoning-gym", "textworld-express")
+    assert nothing_written(tmp_path / "data")
+
+
+def test_invalid_config_is_one_line(tmp_path):
+    proc = ratchet("explore", cwd=tmp_path, env={"RATCHET_CONCURRENCY": "0"})
+    assert_one_line_error(proc, "invalid setting concurrency")
+    (tmp_path / "ratchet.toml").write_text("[model]\nendpoint = 'localhost:8000'\n")
+    proc = ratchet("explore", cwd=tmp_path)
+    assert_one_line_error(proc, "invalid setting model.endpoint", "http://")
+
+
+def test_unreachable_endpoint_writes_nothing(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    proc = ratchet("--endpoint", url, "--suite", "reasoning-gym", "run", cwd=tmp_path)
+    assert_one_line_error(proc, url, "unreachable")
+    assert nothing_written(tmp_path / "data")
+
+
+def test_missing_java_is_reported_before_anything_runs(tmp_path):
+    proc = ratchet(
+        "--suite",
+        "textworld-express",
+        "explore",
+        cwd=tmp_path,
+        env={"PATH": str(Path(sys.executable).parent)},
+    )
+    assert_one_line_error(proc, "Java 17 is not installed", "install")
+    assert nothing_written(tmp_path / "data")
+
+
+def test_port_in_use(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = ratchet("serve", "--port", str(port), cwd=tmp_path)
+    assert_one_line_error(proc, f"port {port}", "already in use")
+
+
+@pytest.mark.integration
+def test_run_then_browse_trajectories(tmp_path, embedded_server):
+    proc = ratchet(
+        "--endpoint",
+        embedded_server,
+        "--suite",
+        "reasoning-gym:chain_sum",
+        "run",
+        "--train",
+        "1",
+        "--test",
+        "2",
+        "-k",
+        "2",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "explore" in proc.stdout and "evaluate" in proc.stdout and "MLflow run" in proc.stdout
+
+    listed = ratchet("trajectories", "list", "--split", "test", cwd=tmp_path)
+    assert listed.returncode == 0 and "2 of 2 shown" in listed.stdout
+    first_id = next(
+        ln.split("│")[1].strip() for ln in listed.stdout.splitlines() if "reasoning-gym:chain_sum:test" in ln
+    )
+    shown = ratchet("trajectories", "show", first_id, cwd=tmp_path)
+    assert shown.returncode == 0 and "reasoning-gym:chain_sum:test" in shown.stdout
+
+    out = tmp_path / "all.jsonl"
+    exported = ratchet("trajectories", "export", str(out), cwd=tmp_path)
+    assert exported.returncode == 0
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert len(rows) == 4 and {r["split"] for r in rows} == {"train", "test"}
+
+    missing = ratchet("trajectories", "show", "nope", cwd=tmp_path)
+    assert_one_line_error(missing, "no trajectory 'nope'")

@@ -1,0 +1,73 @@
+"""The batched decode engine in process, against the real model: prefix cache and batching."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def engines(base_model_dir):
+    from server.engine import Engine
+
+    cached, plain = Engine(base_model_dir), Engine(base_model_dir, prefix_cache_tokens=0)
+    yield cached, plain
+    cached.close()
+    plain.close()
+
+
+def _conversation(tok, steps: int) -> list[list[int]]:
+    msgs = [
+        {"role": "system", "content": "You play a text game."},
+        {"role": "user", "content": "You are in the kitchen. There is a coin on the table."},
+    ]
+    prompts = []
+    for i in range(steps):
+        prompts.append(
+            tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+        msgs += [
+            {"role": "assistant", "content": f'{{"action":"look {i}"}}'},
+            {"role": "user", "content": f"Result: you see thing {i}."},
+        ]
+    return prompts
+
+
+def test_prefix_cache_reuses_earlier_prompts_and_changes_no_output(engines):
+    from server.engine import GenRequest
+
+    cached, plain = engines
+    prompts = _conversation(cached.tokenizer, 4)
+    before = dict(cached.stats)
+    for p in prompts:
+        a = cached.generate(GenRequest(prompt_ids=p, max_tokens=16, temperature=0))
+        b = plain.generate(GenRequest(prompt_ids=p, max_tokens=16, temperature=0))
+        assert a.token_ids == b.token_ids
+    prompt = cached.stats["prompt_tokens"] - before["prompt_tokens"]
+    prefilled = cached.stats["prefilled_tokens"] - before["prefilled_tokens"]
+    assert prompt == sum(len(p) for p in prompts)
+    assert prefilled <= len(prompts[0]) + sum(len(b) - len(a) for a, b in zip(prompts, prompts[1:])) + 3 * 4
+
+
+def test_mixed_batch_of_hits_and_misses_matches_uncached(engines):
+    from server.engine import GenRequest
+
+    cached, plain = engines
+    tok = cached.tokenizer
+    prompts = _conversation(tok, 3)
+    cached.generate(GenRequest(prompt_ids=prompts[1], max_tokens=4, temperature=0))  # warm one prefix
+    fresh = tok.apply_chat_template(
+        [{"role": "user", "content": "Name three fruits."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    batch = [prompts[2], fresh, prompts[1]]
+    got = [
+        f.result()
+        for f in [cached.submit(GenRequest(prompt_ids=p, max_tokens=12, temperature=0)) for p in batch]
+    ]
+    want = [plain.generate(GenRequest(prompt_ids=p, max_tokens=12, temperature=0)) for p in batch]
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert cached.stats["largest_batch"] >= 2
