@@ -19,7 +19,9 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,7 +88,7 @@ class Engine:
         self.adapters: dict[str, str] = {}  # name -> path
         self.stats = {
             "requests": 0,
-            "batches": 0,
+            "forward_steps": 0,
             "largest_batch": 0,
             "generated_tokens": 0,
             "prompt_tokens": 0,
@@ -155,74 +157,95 @@ class Engine:
 
     # ----------------------------------------------------------------------------- worker
     def _loop(self) -> None:
-        pending: list[GenRequest] = []
-        while not self._stopped.is_set():
-            if not pending:
-                first = self._queue.get()
-                if first is None:
-                    return
-                pending.append(first)
-                # Give concurrent callers a moment to join this batch.
-                deadline = time.monotonic() + self.batch_wait_s
-                while len(pending) < self.max_batch * 2:
-                    timeout = deadline - time.monotonic()
-                    try:
-                        item = (
-                            self._queue.get(timeout=max(timeout, 0))
-                            if timeout > 0
-                            else self._queue.get_nowait()
-                        )
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        return
-                    pending.append(item)
-            else:
-                while True:  # drain whatever arrived during the last batch
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        return
-                    pending.append(item)
-            adapter = pending[0].adapter
-            batch = [r for r in pending if r.adapter == adapter][: self.max_batch]
-            pending = [r for r in pending if r not in batch]
-            batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
-            if not batch:
-                continue
+        """Continuous batching: new requests join the running batch between decode steps,
+        and each row is answered the moment it finishes."""
+        pending: deque[GenRequest] = deque()
+        batch: _Batch | None = None
+        while True:
             try:
-                with self._lock:
-                    results = self._generate_batch(batch)
-                self.stats["requests"] += len(batch)
-                self.stats["batches"] += 1
-                self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
-                self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
-                for r, res in zip(batch, results, strict=True):
-                    r.future.set_result(res)
-            except Exception as exc:  # noqa: BLE001 - report to every caller, keep serving
-                log.exception("generation failed")
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
+                if batch is None and not pending:
+                    item = self._queue.get()
+                    if item is None:
+                        return
+                    pending.append(item)
+                    time.sleep(self.batch_wait_s)  # let callers that came together start together
+                while True:
+                    item = self._queue.get_nowait()
+                    if item is None:
+                        self._fail(batch, pending, RuntimeError("engine closed"))
+                        return
+                    pending.append(item)
+            except queue.Empty:
+                pass
+            with self._lock:
+                batch = self._admit(batch, pending)
+                if batch is None:
+                    continue
+                try:
+                    batch = self._step(batch)
+                except Exception as exc:  # noqa: BLE001 - report to every caller, keep serving
+                    log.exception("generation failed")
+                    self._fail(batch, deque(), exc)
+                    batch = None
+
+    @staticmethod
+    def _fail(batch: _Batch | None, pending: deque[GenRequest], exc: BaseException) -> None:
+        for req in [*(row.req for row in (batch.rows if batch else [])), *pending]:
+            if not req.future.done():
+                req.future.set_exception(exc)
+
+    def _admit(self, batch: _Batch | None, pending: deque[GenRequest]) -> _Batch | None:
+        """Move waiting requests for the batch's adapter into it (prefilled), up to max_batch."""
+        room = self.max_batch - (len(batch.rows) if batch else 0)
+        if room <= 0 or not pending:
+            return batch
+        adapter = batch.adapter if batch else pending[0].adapter
+        take: list[GenRequest] = []
+        for req in list(pending):
+            if len(take) == room:
+                break
+            if req.adapter == adapter:
+                pending.remove(req)
+                if req.future.set_running_or_notify_cancel():
+                    take.append(req)
+        if not take:
+            return batch
+        try:
+            new = self._start(take, adapter)
+        except Exception as exc:  # noqa: BLE001 - e.g. an adapter unloaded while its request waited
+            log.exception("prefill failed")
+            for req in take:
+                req.future.set_exception(exc)
+            return batch
+        self.stats["requests"] += len(take)
+        return new if batch is None else _merge(batch, new)
+
+    def _adapter(self, adapter: str | None) -> Any:
+        if not hasattr(self.model, "disable_adapter"):
+            return nullcontext()
+        if adapter is None:
+            return self.model.disable_adapter()
+        self.model.set_adapter(adapter)
+        return nullcontext()
 
     @torch.inference_mode()
-    def _generate_batch(self, reqs: list[GenRequest]) -> list[GenResult]:
-        from contextlib import nullcontext
-
-        model = self.model
-        adapter = reqs[0].adapter
-        if hasattr(model, "disable_adapter"):
-            if adapter is None:
-                ctx: Any = model.disable_adapter()
-            else:
-                model.set_adapter(adapter)
-                ctx = nullcontext()
-        else:
-            ctx = nullcontext()
-        with ctx:
-            return self._decode(reqs)
+    def _start(self, reqs: list[GenRequest], adapter: str | None) -> _Batch:
+        rows = []
+        for r in reqs:
+            matcher = xgr.GrammarMatcher(r.grammar) if r.grammar is not None else None
+            # Jump-forward: text the grammar forces at the start (e.g. '{"name":"act","arguments":{"action":"')
+            # is prefilled with the prompt instead of decoded token by token.
+            text = matcher.find_jump_forward_string() if matcher is not None else ""
+            if text:
+                matcher.accept_string(text)
+            forced = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+            gen = torch.Generator()
+            gen.manual_seed(r.seed if r.seed is not None else torch.seed())
+            rows.append(_Row(req=r, matcher=matcher, gen=gen, out_ids=list(forced), n_forced=len(forced)))
+        prompts = [row.req.prompt_ids + row.out_ids for row in rows]
+        with self._adapter(adapter):
+            cache, attn, pos, logits = self._prefill(prompts, adapter)
+        return _Batch(adapter, rows, cache, attn, pos, logits)
 
     def _prefill(
         self, prompts: list[list[int]], adapter: str | None
@@ -240,9 +263,8 @@ class Engine:
         cache = DynamicCache()
         attn = torch.zeros((n, past + width), dtype=torch.long)
         if past:
-            layers = len(next(kv for _, kv in hits if kv is not None))
-            ref_k, ref_v = next(kv for _, kv in hits if kv is not None)[0]
-            for layer in range(layers):
+            ref = next(kv for _, kv in hits if kv is not None)
+            for layer, (ref_k, ref_v) in enumerate(ref):
                 keys = ref_k.new_zeros((n, ref_k.shape[1], past, ref_k.shape[3]))
                 values = ref_v.new_zeros((n, ref_v.shape[1], past, ref_v.shape[3]))
                 for i, (m, kv) in enumerate(hits):
@@ -258,17 +280,13 @@ class Engine:
             attn[i, past + width - len(new) :] = 1
             input_ids[i, width - len(new) :] = torch.tensor(new)
             positions[i, width - len(new) :] = torch.arange(m, len(p))
-        logits = (
-            self.model(
-                input_ids=input_ids,
-                attention_mask=attn,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            .logits[:, -1, :]
-            .float()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attn,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
         )
         for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
             cols = torch.cat(
@@ -282,94 +300,78 @@ class Engine:
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["prefilled_tokens"] += sum(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
         next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        return cache, attn, next_pos, logits
+        return cache, attn, next_pos, out.logits[:, -1, :].float()
 
-    def _decode(self, reqs: list[GenRequest]) -> list[GenResult]:
-        n = len(reqs)
-        pad = self.tokenizer.pad_token_id
-        matchers = [xgr.GrammarMatcher(r.grammar) if r.grammar is not None else None for r in reqs]
-        # Jump-forward: text the grammar forces at the start (e.g. '{"name":"act","arguments":{"action":"')
-        # is appended to the prompt and prefilled in one pass instead of decoded token by token.
-        forced: list[list[int]] = []
-        for m in matchers:
-            text = m.find_jump_forward_string() if m is not None else ""
-            if text:
-                m.accept_string(text)
-            forced.append(self.tokenizer.encode(text, add_special_tokens=False) if text else [])
-        prompts = [r.prompt_ids + f for r, f in zip(reqs, forced, strict=True)]
-        cache, attn, next_pos, logits = self._prefill(prompts, reqs[0].adapter)
-
-        bitmask = xgr.allocate_token_bitmask(n, self.vocab_size) if any(matchers) else None
-        gens = []
-        for r in reqs:
-            g = torch.Generator()
-            g.manual_seed(r.seed if r.seed is not None else torch.seed())
-            gens.append(g)
-
-        temps = torch.tensor([max(r.temperature, 1e-5) for r in reqs])
-        sampled = any(r.temperature > 0 for r in reqs)
-        out_ids: list[list[int]] = [list(f) for f in forced]
-        finish: list[str | None] = [None] * n
-        complete = [False] * n
-        max_new = max(r.max_tokens for r in reqs)
-        for _ in range(max_new):
-            logits = logits[:, : self.vocab_size]
-            if bitmask is not None:
-                for i, m in enumerate(matchers):
-                    if m is not None and finish[i] is None:
-                        m.fill_next_token_bitmask(bitmask, i)
-                    else:
-                        bitmask[i].fill_(-1)  # all allowed
-                xgr.apply_token_bitmask_inplace(logits, bitmask)
-            tokens = torch.full((n,), pad, dtype=torch.long)
-            greedy = logits.argmax(-1)
-            probs = torch.softmax(logits / temps[:, None], dim=-1) if sampled else None
-            for i, r in enumerate(reqs):
-                if finish[i] is not None:
-                    continue
-                if r.temperature <= 0 or probs is None:
-                    tok = int(greedy[i])
-                else:
-                    tok = _sample(probs[i], r.top_p, gens[i])
-                tokens[i] = tok
-                m = matchers[i]
-                if m is not None and not m.accept_token(tok):
-                    finish[i] = "stop"  # cannot happen with a correct mask; stop rather than emit junk
-                    continue
-                if tok in self.stop_ids and not (r.ignore_eos and m is None):
-                    finish[i] = "stop"
-                    complete[i] = m is not None and m.is_terminated()
-                    continue
-                out_ids[i].append(tok)
+    @torch.inference_mode()
+    def _step(self, b: _Batch) -> _Batch | None:
+        """Sample one token for every row, answer finished rows, feed the rest one step."""
+        n = len(b.rows)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], n)
+        logits = b.logits[:, : self.vocab_size]
+        if any(row.matcher is not None for row in b.rows):
+            bitmask = xgr.allocate_token_bitmask(n, self.vocab_size)
+            for i, row in enumerate(b.rows):
+                if row.matcher is not None:
+                    row.matcher.fill_next_token_bitmask(bitmask, i)
+            xgr.apply_token_bitmask_inplace(logits, bitmask)
+        greedy = logits.argmax(-1)
+        temps = torch.tensor([max(row.req.temperature, 1e-5) for row in b.rows])
+        probs = (
+            torch.softmax(logits / temps[:, None], dim=-1)
+            if any(r.req.temperature > 0 for r in b.rows)
+            else None
+        )
+        tokens = torch.zeros(n, dtype=torch.long)
+        for i, row in enumerate(b.rows):
+            req, m = row.req, row.matcher
+            tok = (
+                int(greedy[i])
+                if req.temperature <= 0 or probs is None
+                else _sample(probs[i], req.top_p, row.gen)
+            )
+            tokens[i] = tok
+            if m is not None and not m.accept_token(tok):
+                row.finish = "stop"  # cannot happen with a correct mask; stop rather than emit junk
+            elif tok in self.stop_ids and not (req.ignore_eos and m is None):
+                row.finish, row.complete = "stop", m is not None and m.is_terminated()
+            else:
+                row.out_ids.append(tok)
                 if m is not None and m.is_terminated():
-                    finish[i], complete[i] = "stop", True
-                elif len(out_ids[i]) - len(forced[i]) >= r.max_tokens:
-                    finish[i] = "length"
-            if all(f is not None for f in finish):
-                break
-            attn = torch.cat([attn, torch.ones((n, 1), dtype=torch.long)], dim=1)
-            logits = (
-                self.model(
-                    input_ids=tokens[:, None],
-                    attention_mask=attn,
-                    position_ids=next_pos[:, None],
-                    cache=cache,
-                    use_cache=True,
+                    row.finish, row.complete = "stop", True
+                elif len(row.out_ids) - row.n_forced >= req.max_tokens:
+                    row.finish = "length"
+            if row.finish is not None:
+                self.stats["generated_tokens"] += len(row.out_ids)
+                req.future.set_result(
+                    GenResult(
+                        token_ids=row.out_ids,
+                        text=self.tokenizer.decode(row.out_ids, skip_special_tokens=True),
+                        finish_reason=row.finish,
+                        prompt_tokens=len(req.prompt_ids),
+                        grammar_complete=row.complete,
+                    )
                 )
-                .logits[:, -1, :]
-                .float()
+        keep = [i for i, row in enumerate(b.rows) if row.finish is None]
+        if not keep:
+            return None
+        if len(keep) < n:
+            idx = torch.tensor(keep, dtype=torch.long)
+            b.cache.batch_select_indices(idx)
+            b.rows, b.attn, b.pos, tokens = [b.rows[i] for i in keep], b.attn[idx], b.pos[idx], tokens[idx]
+            _trim_left(b)
+        b.attn = torch.cat([b.attn, torch.ones((len(keep), 1), dtype=torch.long)], dim=1)
+        with self._adapter(b.adapter):
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=b.attn,
+                position_ids=b.pos[:, None],
+                cache=b.cache,
+                use_cache=True,
             )
-            next_pos = next_pos + 1
-        return [
-            GenResult(
-                token_ids=ids,
-                text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                finish_reason=finish[i] or "length",
-                prompt_tokens=len(reqs[i].prompt_ids),
-                grammar_complete=complete[i],
-            )
-            for i, ids in enumerate(out_ids)
-        ]
+        self.stats["forward_steps"] += 1
+        b.logits = out.logits[:, -1, :].float()
+        b.pos = b.pos + 1
+        return b
 
 
 def _sample(probs: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
@@ -378,3 +380,63 @@ def _sample(probs: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
         keep = sorted_p.cumsum(-1) - sorted_p < top_p
         probs = torch.zeros_like(probs).scatter(0, idx[keep], sorted_p[keep])
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+@dataclass
+class _Row:
+    req: GenRequest
+    matcher: xgr.GrammarMatcher | None
+    gen: torch.Generator
+    out_ids: list[int]
+    n_forced: int
+    finish: str | None = None
+    complete: bool = False
+
+
+@dataclass
+class _Batch:
+    """The running batch: rows share one KV cache, left-padded to a common width."""
+
+    adapter: str | None
+    rows: list[_Row]
+    cache: DynamicCache
+    attn: torch.Tensor  # [rows, width] 1 where a cache column belongs to the row
+    pos: torch.Tensor  # [rows] position of each row's next token
+    logits: torch.Tensor  # [rows, vocab] for each row's next token
+
+
+def _merge(a: _Batch, b: _Batch) -> _Batch:
+    """Append b's rows to a, left-padding whichever cache is narrower."""
+    width = max(a.attn.shape[1], b.attn.shape[1])
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        missing = width - t.shape[-2] if t.dim() == 4 else width - t.shape[1]
+        if missing == 0:
+            return t
+        if t.dim() == 4:
+            return torch.cat([t.new_zeros((*t.shape[:2], missing, t.shape[3])), t], dim=2)
+        return torch.cat([t.new_zeros((t.shape[0], missing)), t], dim=1)
+
+    cache = DynamicCache()
+    for layer, (la, lb) in enumerate(zip(a.cache.layers, b.cache.layers, strict=True)):
+        cache.update(
+            torch.cat([pad(la.keys), pad(lb.keys)]), torch.cat([pad(la.values), pad(lb.values)]), layer
+        )
+    return _Batch(
+        a.adapter,
+        a.rows + b.rows,
+        cache,
+        torch.cat([pad(a.attn), pad(b.attn)]),
+        torch.cat([a.pos, b.pos]),
+        torch.cat([a.logits, b.logits]),
+    )
+
+
+def _trim_left(b: _Batch) -> None:
+    """Drop leading cache columns no remaining row uses (left over from rows that finished)."""
+    used = torch.nonzero(b.attn.any(dim=0))
+    first = int(used[0]) if used.numel() else 0
+    if first > 0:
+        for layer in b.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        b.attn = b.attn[:, first:]

@@ -47,7 +47,10 @@ def test_prefix_cache_reuses_earlier_prompts_and_changes_no_output(engines):
     prompt = cached.stats["prompt_tokens"] - before["prompt_tokens"]
     prefilled = cached.stats["prefilled_tokens"] - before["prefilled_tokens"]
     assert prompt == sum(len(p) for p in prompts)
-    assert prefilled <= len(prompts[0]) + sum(len(b) - len(a) for a, b in zip(prompts, prompts[1:])) + 3 * 4
+    assert (
+        prefilled
+        <= len(prompts[0]) + sum(len(b) - len(a) for a, b in zip(prompts, prompts[1:], strict=False)) + 3 * 4
+    )
 
 
 def test_mixed_batch_of_hits_and_misses_matches_uncached(engines):
@@ -71,3 +74,31 @@ def test_mixed_batch_of_hits_and_misses_matches_uncached(engines):
     want = [plain.generate(GenRequest(prompt_ids=p, max_tokens=12, temperature=0)) for p in batch]
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert cached.stats["largest_batch"] >= 2
+
+
+def test_a_request_joins_a_running_batch_and_is_answered_when_done(engines):
+    import time
+
+    from server.engine import GenRequest
+
+    cached, plain = engines
+    tok = cached.tokenizer
+
+    def ids(text: str) -> list[int]:
+        return tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+
+    long_ids, short_ids = ids("Write a long story about a lighthouse."), ids("Say hello to Ada.")
+    steps = cached.stats["forward_steps"]
+    f_long = cached.submit(GenRequest(prompt_ids=long_ids, max_tokens=80, temperature=0, ignore_eos=True))
+    while cached.stats["forward_steps"] < steps + 5:
+        time.sleep(0.01)
+    short = cached.submit(GenRequest(prompt_ids=short_ids, max_tokens=6, temperature=0)).result()
+    assert not f_long.done()  # the short request joined mid-flight and left first
+    assert (
+        short.token_ids
+        == plain.generate(GenRequest(prompt_ids=short_ids, max_tokens=6, temperature=0)).token_ids
+    )
+    want = plain.generate(GenRequest(prompt_ids=long_ids, max_tokens=80, temperature=0, ignore_eos=True))
+    assert f_long.result().token_ids == want.token_ids

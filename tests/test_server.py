@@ -135,7 +135,7 @@ def test_concurrent_requests_are_served_in_batches(embedded_server):
         list(pool.map(lambda s: chat(embedded_server, temperature=0.9, seed=s, max_tokens=48), range(6)))
     after = httpx.get(health_url).json()
     assert after["requests"] - before["requests"] == 6
-    assert after["batches"] - before["batches"] < 6  # at least two requests shared a batch
+    assert after["forward_steps"] - before["forward_steps"] < 6 * 48  # requests shared decode steps
     assert after["largest_batch"] >= 2
 
 
