@@ -42,7 +42,7 @@ class ActorSettings:
     max_steps: int
     temperature: float = 0.0
     epsilon: float = 0.0  # explore only: chance of a random valid action instead of the model's
-    history_window: int = 4
+    history_window: int = 10
     seed: int = 0
 
 
@@ -157,7 +157,7 @@ def build_actor(llm: BaseChatModel) -> Any:
 
 def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step) -> AIMessage:
     """One model call: system prompt with skills, the task, the last few steps; tool choice required."""
-    window = state["messages"][-2 * ctx.settings.history_window :]
+    window = state["messages"][2 * history_start(len(state["messages"]) // 2, ctx.settings.history_window) :]
     prompt: list[AnyMessage] = [
         SystemMessage(system_prompt(ctx.policy.skills)),
         HumanMessage(state["task"]),
@@ -173,6 +173,19 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step)
     step.prompt_tokens = int(usage.get("input_tokens", 0))
     step.completion_tokens = int(usage.get("output_tokens", 0))
     return msg  # type: ignore[return-value]
+
+
+def history_start(n_steps: int, window: int) -> int:
+    """First past step shown: between window/2 and `window` recent steps, trimmed in blocks.
+
+    Dropping old steps one at a time would change the start of the prompt every step and
+    defeat the model server's prefix cache; dropping them half a window at a time keeps the
+    prompt a pure extension of the previous one for window/2 steps in a row.
+    """
+    if n_steps <= window:
+        return 0
+    block = max(1, window // 2)
+    return ((n_steps - window - 1) // block + 1) * block
 
 
 def _execute(ctx: RolloutContext, call: ToolCall) -> StepResult:

@@ -86,9 +86,9 @@ class Settings(BaseSettings):
     )
     max_steps: int | None = Field(default=None, ge=1, description="override the suite's step budget")
     history_window: int = Field(
-        default=30,
+        default=10,
         ge=1,
-        description="past steps shown to the model (long is cheap: the embedded server caches prompt prefixes)",
+        description="past steps shown to the model (trimmed in blocks of half, so prompt prefixes stay cacheable)",
     )
     trace_sample_rate: float = Field(
         default=0.0, ge=0, le=1, description="fraction of rollouts traced to MLflow (LangGraph autolog)"

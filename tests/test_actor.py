@@ -220,3 +220,15 @@ def test_options_are_shown_with_the_latest_observation_only():
     assert last[-1].content.endswith("Valid now: up, down (at 1)")
     assert all("Valid now" not in str(m.content) for m in last[:-1])
     assert traj.steps[2].observation == "value 0\nValid now: up, down (at 0)"  # what the model saw
+
+
+def test_history_is_trimmed_in_blocks_so_prompts_extend_each_other():
+    from agents.actor import history_start
+
+    starts = [history_start(n, 10) for n in range(0, 31)]
+    assert starts[:11] == [0] * 11
+    shown = [n - s for n, s in enumerate(starts)]
+    assert all(6 <= k <= 10 for k in shown[10:])
+    # the start only moves every 5 steps: in between, each prompt extends the previous one
+    changes = [n for n in range(1, 31) if starts[n] != starts[n - 1]]
+    assert changes == [11, 16, 21, 26]
