@@ -74,10 +74,11 @@ def main() -> None:
                     }
                 )
 
-    print(f"\n| suite | subset | tasks | success | 95% CI | mean steps |\n|---|---|---|---|---|---|")
+    print("\n| suite | subset | tasks | success | 95% CI | mean steps |\n|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['suite']} | {r['subset']} | {r['tasks']} | {r['successes']}/{r['tasks']} = {r['success']:.0%} "
+            f"| {r['suite']} | {r['subset']} | {r['tasks']} "
+            f"| {r['successes']}/{r['tasks']} = {r['success']:.0%} "
             f"| {r['ci95'][0]:.0%}–{r['ci95'][1]:.0%} | {r['mean_steps']} |"
         )
     out = ROOT / "bench" / "results"

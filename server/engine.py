@@ -233,8 +233,8 @@ class Engine:
         rows = []
         for r in reqs:
             matcher = xgr.GrammarMatcher(r.grammar) if r.grammar is not None else None
-            # Jump-forward: text the grammar forces at the start (e.g. '{"name":"act","arguments":{"action":"')
-            # is prefilled with the prompt instead of decoded token by token.
+            # Jump-forward: text the grammar forces at the start, e.g. '{"name":"act","arguments":
+            # {"action":"', is prefilled with the prompt instead of decoded token by token.
             text = matcher.find_jump_forward_string() if matcher is not None else ""
             if text:
                 matcher.accept_string(text)
