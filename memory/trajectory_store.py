@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
 
 from ratchet.errors import ConfigError
 from ratchet.types import Split, Trajectory
@@ -27,6 +27,7 @@ from ratchet.types import Split, Trajectory
 __all__ = [
     "SCHEMA_VERSION",
     "SQLiteTrajectoryStore",
+    "TrajectoryFilters",
     "TrajectoryStore",
     "TrajectorySummary",
     "open_store",
@@ -58,6 +59,20 @@ class TrajectorySummary:
     created_at: datetime
 
 
+class TrajectoryFilters(TypedDict, total=False):
+    """Equality filters shared by query, summaries, count and export; None means 'any'."""
+
+    evolution: str | None
+    generation: int | None
+    task_id: str | None
+    split: Split | None
+    suite: str | None
+    success: bool | None
+    status: str | None
+    kind: str | None
+    policy_version: str | None
+
+
 @runtime_checkable
 class TrajectoryStore(Protocol):
     """What every trajectory backend provides. All methods are safe to call from any thread."""
@@ -73,57 +88,21 @@ class TrajectoryStore(Protocol):
         ...
 
     def query(
-        self,
-        *,
-        evolution: str | None = None,
-        generation: int | None = None,
-        task_id: str | None = None,
-        split: Split | None = None,
-        suite: str | None = None,
-        success: bool | None = None,
-        status: str | None = None,
-        kind: str | None = None,
-        policy_version: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        self, *, limit: int | None = None, offset: int = 0, **filters: Unpack[TrajectoryFilters]
     ) -> list[Trajectory]:
         """Matching trajectories ordered by (generation, task_id, rollout), ties broken by
         (evolution, id) so that limit/offset pages are stable."""
         ...
 
     def summaries(
-        self,
-        *,
-        evolution: str | None = None,
-        generation: int | None = None,
-        task_id: str | None = None,
-        split: Split | None = None,
-        suite: str | None = None,
-        success: bool | None = None,
-        status: str | None = None,
-        kind: str | None = None,
-        policy_version: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        self, *, limit: int | None = None, offset: int = 0, **filters: Unpack[TrajectoryFilters]
     ) -> list[TrajectorySummary]:
         """Like `query`, without loading steps."""
         ...
 
-    def count(
-        self,
-        *,
-        evolution: str | None = None,
-        generation: int | None = None,
-        task_id: str | None = None,
-        split: Split | None = None,
-        suite: str | None = None,
-        success: bool | None = None,
-        status: str | None = None,
-        kind: str | None = None,
-        policy_version: str | None = None,
-    ) -> int: ...
+    def count(self, **filters: Unpack[TrajectoryFilters]) -> int: ...
 
-    def export_jsonl(self, path: str | os.PathLike[str], **filters: Any) -> int:
+    def export_jsonl(self, path: str | os.PathLike[str], **filters: Unpack[TrajectoryFilters]) -> int:
         """Write matching trajectories as JSON lines (all or nothing); returns how many."""
         ...
 
@@ -167,10 +146,7 @@ _COLUMNS = (
     "status", "success", "score", "n_steps", "prompt_tokens", "completion_tokens", "seconds",
     "policy_version", "created_at",
 )  # fmt: skip
-_FILTERS = (
-    "evolution", "generation", "task_id", "split", "suite", "success", "status", "kind",
-    "policy_version",
-)  # fmt: skip
+_FILTERS = tuple(TrajectoryFilters.__annotations__)
 _SUMMARY_COLUMNS = tuple(f.name for f in fields(TrajectorySummary))
 _ORDER = "ORDER BY generation, task_id, rollout, evolution, id"
 
@@ -312,46 +288,14 @@ class SQLiteTrajectoryStore:
             yield Trajectory.model_validate_json(data)
 
     def query(
-        self,
-        *,
-        evolution: str | None = None,
-        generation: int | None = None,
-        task_id: str | None = None,
-        split: Split | None = None,
-        suite: str | None = None,
-        success: bool | None = None,
-        status: str | None = None,
-        kind: str | None = None,
-        policy_version: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        self, *, limit: int | None = None, offset: int = 0, **filters: Unpack[TrajectoryFilters]
     ) -> list[Trajectory]:
-        filters = dict(
-            evolution=evolution, generation=generation, task_id=task_id, split=split,
-            suite=suite, success=success, status=status, kind=kind, policy_version=policy_version,
-        )  # fmt: skip
-        return list(self._iter(filters, limit, offset))
+        return list(self._iter(dict(filters), limit, offset))
 
     def summaries(
-        self,
-        *,
-        evolution: str | None = None,
-        generation: int | None = None,
-        task_id: str | None = None,
-        split: Split | None = None,
-        suite: str | None = None,
-        success: bool | None = None,
-        status: str | None = None,
-        kind: str | None = None,
-        policy_version: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        self, *, limit: int | None = None, offset: int = 0, **filters: Unpack[TrajectoryFilters]
     ) -> list[TrajectorySummary]:
-        filters = dict(
-            evolution=evolution, generation=generation, task_id=task_id, split=split,
-            suite=suite, success=success, status=status, kind=kind, policy_version=policy_version,
-        )  # fmt: skip
-        rows = self._select(", ".join(_SUMMARY_COLUMNS), filters, limit, offset)
+        rows = self._select(", ".join(_SUMMARY_COLUMNS), dict(filters), limit, offset)
         out = []
         for row in rows:
             values = dict(zip(_SUMMARY_COLUMNS, row, strict=True))
@@ -360,32 +304,13 @@ class SQLiteTrajectoryStore:
             out.append(TrajectorySummary(**values))
         return out
 
-    def count(
-        self,
-        *,
-        evolution: str | None = None,
-        generation: int | None = None,
-        task_id: str | None = None,
-        split: Split | None = None,
-        suite: str | None = None,
-        success: bool | None = None,
-        status: str | None = None,
-        kind: str | None = None,
-        policy_version: str | None = None,
-    ) -> int:
-        where, params = _where(
-            dict(
-                evolution=evolution, generation=generation, task_id=task_id, split=split,
-                suite=suite, success=success, status=status, kind=kind,
-                policy_version=policy_version,
-            )
-        )  # fmt: skip
+    def count(self, **filters: Unpack[TrajectoryFilters]) -> int:
+        where, params = _where(dict(filters))
         sql = f"SELECT COUNT(*) FROM trajectories {where}"
         return self._conn().execute(sql, params).fetchone()[0]
 
-    def export_jsonl(self, path: str | os.PathLike[str], **filters: Any) -> int:
-        limit, offset = filters.pop("limit", None), filters.pop("offset", 0)
-        rows = self._iter(filters, limit, offset)  # validates every row before it is written
+    def export_jsonl(self, path: str | os.PathLike[str], **filters: Unpack[TrajectoryFilters]) -> int:
+        rows = self._iter(dict(filters))  # validates every row before it is written
         return _write_jsonl_atomically(Path(path), (t.model_dump_json() for t in rows))
 
 

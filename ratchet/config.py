@@ -88,7 +88,7 @@ class Settings(BaseSettings):
     history_window: int = Field(
         default=10,
         ge=1,
-        description="past steps shown to the model (trimmed in half-window blocks to keep prefixes cacheable)",
+        description="past steps shown to the model (trimmed in half-window blocks: prefixes stay cacheable)",
     )
     trace_sample_rate: float = Field(
         default=0.0, ge=0, le=1, description="fraction of rollouts traced to MLflow (LangGraph autolog)"
