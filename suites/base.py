@@ -6,6 +6,7 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from ratchet.errors import UnknownSuiteError
 from ratchet.types import Split, Task, ToolCall, ToolSpec, parse_task_id
 
 
@@ -78,6 +79,14 @@ class Suite(ABC):
 
     def __init__(self, subsets: list[str] | None = None) -> None:
         self.subsets = list(subsets or self.default_subsets)
+        if any(s not in self.default_subsets for s in self.subsets):  # listing all may be slow
+            known = self.available_subsets()
+            unknown = [s for s in self.subsets if s not in known]
+            if unknown:
+                raise UnknownSuiteError(
+                    f"suite {self.name!r} has no subset {', '.join(map(repr, unknown))}",
+                    f"choose from: {', '.join(sorted(known))}",
+                )
 
     @classmethod
     def available_subsets(cls) -> list[str]:

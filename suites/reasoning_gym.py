@@ -21,7 +21,6 @@ from functools import cache, lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from ratchet.errors import UnknownSuiteError
 from ratchet.types import SPLITS, Split, Task, ToolCall, ToolSpec, task_id
 from suites.base import ActionError, Episode, StepResult, Suite
 
@@ -260,17 +259,6 @@ class ReasoningGymSuite(Suite):
     name = "reasoning-gym"
     description = "reasoning-gym procedurally generated problems, verified by score_answer"
     default_subsets = ("basic_arithmetic", "chain_sum", "countdown")
-
-    def __init__(self, subsets: list[str] | None = None) -> None:
-        super().__init__(subsets)
-        if any(s not in self.default_subsets for s in self.subsets):
-            known = set(self.available_subsets())
-            unknown = [s for s in self.subsets if s not in known]
-            if unknown:
-                raise UnknownSuiteError(
-                    f"suite {self.name!r} has no subset {', '.join(map(repr, unknown))}",
-                    f"choose from: {', '.join(sorted(known))}",
-                )
 
     @classmethod
     def available_subsets(cls) -> list[str]:

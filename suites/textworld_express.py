@@ -17,7 +17,7 @@ import subprocess
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ratchet.errors import EnvironmentMissingError, UnknownSuiteError
+from ratchet.errors import EnvironmentMissingError
 from ratchet.types import Split, Task, ToolCall, ToolSpec, task_id
 from suites.base import ActionError, Episode, StepResult, Suite
 
@@ -161,12 +161,6 @@ class TextWorldExpressSuite(Suite):
 
     def __init__(self, subsets: list[str] | None = None) -> None:
         super().__init__(subsets)
-        unknown = [s for s in self.subsets if s not in GAME_PARAMS]
-        if unknown:
-            raise UnknownSuiteError(
-                f"suite {self.name!r} has no subset {', '.join(map(repr, unknown))}",
-                f"choose from: {', '.join(self.available_subsets())}",
-            )
         self._pool = _EnvPool(self.check)
         self._lock = threading.Lock()
         self._fold_seeds: dict[tuple[str, Split], list[int]] = {}
