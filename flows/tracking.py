@@ -43,6 +43,8 @@ def setup(settings: Settings) -> str:
     if settings.trace_sample_rate > 0:
         os.environ["MLFLOW_TRACE_SAMPLING_RATIO"] = str(settings.trace_sample_rate)
         mlflow.langchain.autolog(log_traces=True)
+    else:
+        mlflow.langchain.autolog(disable=True)
     return exp_id
 
 

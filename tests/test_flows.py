@@ -52,6 +52,7 @@ def test_summary_counts_only_finished_agent_rollouts():
 @pytest.mark.integration
 @pytest.mark.parametrize("suite", ["textworld-express:coin", "reasoning-gym:chain_sum"])
 def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_path: Path, suite: str):
+    traced = suite.startswith("reasoning-gym")  # trace every rollout of one suite (the cheap one)
     settings = load_settings(
         {
             "data_dir": tmp_path,
@@ -61,6 +62,7 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
             "explore.rollouts_per_task": 2,
             "max_steps": 3,
             "concurrency": 2,
+            "trace_sample_rate": 1.0 if traced else 0.0,
         }
     )
     result = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
@@ -98,6 +100,13 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
         "plots/evaluate_success_by_task.png",
         "samples/explore_trajectories.jsonl",
     } <= artifacts
+
+    if traced:  # LangGraph spans reach MLflow through autolog
+        import mlflow
+
+        mlflow.flush_trace_async_logging()
+        traces = client.search_traces(locations=[run.info.experiment_id], max_results=10)
+        assert traces and any("model" in {s.name for s in t.data.spans} for t in traces)
 
     # Rerun: every rollout is already stored, so nothing is played again; same MLflow run.
     before = {t.id: t.created_at for t in trajs}
