@@ -17,6 +17,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # Prefect's ephemeral API keeps its database here; reusing it makes later sessions start faster.
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".ratchet" / "test-prefect"))
+Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture(autouse=True)

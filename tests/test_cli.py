@@ -15,7 +15,8 @@ RATCHET = str(Path(sys.executable).parent / "ratchet")
 
 
 def ratchet(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")}
+    # the CLI must work from a clean environment: it puts Prefect's and MLflow's state in the data dir
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "PREFECT_", "MLFLOW_"))}
     full_env.update(COLUMNS="200", **(env or {}))
     return subprocess.run(
         [RATCHET, "--data-dir", str(cwd / "data"), *args],
