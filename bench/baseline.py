@@ -32,9 +32,10 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_args()
 
+    from flows.evaluate import evaluate
+    from flows.launch import run_flow
     from flows.rollouts import summarize, wilson_interval
-    from flows.runtime import open_runtime
-    from flows.stages import evaluate_stage
+    from memory.trajectory_store import open_store
     from ratchet.config import load_settings
     from ratchet.runtime_env import prepare_environment
     from server.launcher import EmbeddedServer
@@ -54,9 +55,10 @@ def main() -> None:
             )
             prepare_environment(settings)
             started = time.perf_counter()
-            with open_runtime(settings, base_url=url) as rt:
-                result = evaluate_stage(rt, 0, rt.base_policy())
-                trajs = rt.store.query(evolution=settings.evolution, split="test", suite=suite)
+            result = run_flow(evaluate, settings, base_url=url)
+            store = open_store(settings.trajectories_db)
+            trajs = store.query(evolution=settings.evolution, split="test", suite=suite)
+            store.close()
             print(f"{suite}: {result.report.n} rollouts in {time.perf_counter() - started:.0f} s", flush=True)
             for subset in subsets:
                 rep = summarize([t for t in trajs if t.subset == subset], "test")

@@ -7,6 +7,7 @@ one runtime (one model server, one suite pool) serve several stages of a generat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlflow
@@ -73,10 +74,15 @@ def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Spli
 
 
 def _run(
-    rt: LoopRuntime, stage: str, split: Split, slots: list[RolloutSlot], policy: Policy, settings_for: object
+    rt: LoopRuntime,
+    stage: str,
+    split: Split,
+    slots: list[RolloutSlot],
+    policy: Policy,
+    settings_for: Callable[[RolloutSlot], ActorSettings],
 ) -> StageResult:
     started = time.perf_counter()
-    report = run_slots(rt, slots, policy, settings_for, stage)  # type: ignore[arg-type]
+    report = run_slots(rt, slots, policy, settings_for, stage)
     result = StageResult(stage, report, time.perf_counter() - started, policy.version)
     if mlflow.active_run() is not None:
         _log(rt, result, split, slots)

@@ -128,3 +128,42 @@ def test_run_then_browse_trajectories(tmp_path, embedded_server):
 
     missing = ratchet("trajectories", "show", "nope", cwd=tmp_path)
     assert_one_line_error(missing, "no trajectory 'nope'")
+
+
+def _share_converted_model(tmp_path: Path, base_model_dir: Path) -> None:
+    """Point the data dir's model cache at the test session's converted copy (skips a 20 s conversion)."""
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "models").symlink_to(base_model_dir.parent, target_is_directory=True)
+
+
+@pytest.mark.integration
+def test_run_starts_and_stops_its_own_embedded_server(tmp_path, base_model_dir):
+    _share_converted_model(tmp_path, base_model_dir)
+    proc = ratchet(
+        "--suite",
+        "reasoning-gym:basic_arithmetic",
+        "run",
+        "--train",
+        "1",
+        "--test",
+        "1",
+        "-k",
+        "2",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "evaluate" in proc.stdout
+    assert (tmp_path / "data" / "logs" / "server.log").exists()
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"models-dir {tmp_path / 'data' / 'models'}"], capture_output=True, text=True
+    )
+    assert leftover.stdout.strip() == ""  # the server it started is gone
+
+
+@pytest.mark.slow
+def test_readme_main_command_end_to_end(tmp_path, base_model_dir):
+    """The README's run command on the embedded default, as a user runs it (about 6 minutes)."""
+    _share_converted_model(tmp_path, base_model_dir)
+    proc = ratchet("run", cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "explore" in proc.stdout and "evaluate" in proc.stdout and "MLflow run" in proc.stdout
