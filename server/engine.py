@@ -1,14 +1,15 @@
-"""Batched generation for the embedded model: one worker thread, static batches, per-row control.
+"""Batched generation for the embedded model: one worker thread, continuous batching.
 
 Why our own decode loop instead of `model.generate`: every row of a batch needs its own
 grammar (xgrammar matcher — each agent step offers different valid actions), its own
 sampling seed and temperature, and its own stop; `generate` takes one of each per call.
-The loop is a plain KV-cached decode with left padding, the same math `generate` does.
+The loop is a plain KV-cached decode over left-padded rows, the same math `generate` does:
+new requests are prefilled and merged into the running batch between decode steps, and a
+row leaves (and is answered) as soon as it stops. Prompt prefixes seen before are not
+prefilled again (`server.prefix_cache`).
 
 What it does not do (say so, then nobody is surprised):
-* no continuous batching: requests that arrive while a batch runs wait for the next one;
-  a batch is formed from whatever is queued when the worker is free (up to `max_batch`);
-* rows of one batch share an adapter; requests for different adapters form separate batches;
+* rows of one batch share an adapter; requests for another adapter wait until it drains;
 * seeded sampling is reproducible for the same request in the same batch shape; padding
   in a different batch can change logits in the last float bits and thus, rarely, a sample.
 """
