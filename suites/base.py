@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 from ratchet.errors import UnknownSuiteError
-from ratchet.types import Split, Task, ToolCall, ToolSpec, parse_task_id
+from ratchet.types import Split, Task, ToolCall, ToolSpec, parse_task_id, task_id
 
 
 class ActionError(Exception):
@@ -106,6 +107,17 @@ class Suite(ABC):
     @abstractmethod
     def episode(self, task: Task) -> Episode:
         """A fresh environment for the task."""
+
+    def new_task(self, subset: str, split: Split, seed: int, **fields: Any) -> Task:
+        """A Task of this suite whose id is derived from (suite, subset, split, seed)."""
+        return Task(
+            id=task_id(self.name, subset, split, seed),
+            suite=self.name,
+            subset=subset,
+            split=split,
+            seed=seed,
+            **fields,
+        )
 
     def tasks(self, split: Split, n: int) -> list[Task]:
         """n tasks per subset, in a fixed order (the same call always gives the same tasks)."""

@@ -21,7 +21,7 @@ from functools import cache, lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from ratchet.types import SPLITS, Split, Task, ToolCall, ToolSpec, task_id
+from ratchet.types import SPLITS, Split, Task, ToolCall, ToolSpec
 from suites.base import ActionError, Episode, StepResult, Suite
 
 SPLIT_BASES: dict[Split, int] = {"train": 1_000_000, "dev": 2_000_000, "test": 3_000_000}
@@ -279,12 +279,10 @@ class ReasoningGymSuite(Suite):
         if subset not in self.default_subsets and subset not in _registered():
             raise ValueError(f"unknown reasoning-gym dataset {subset!r}")
         entry = _cached_entry(subset, seed)
-        return Task(
-            id=task_id(self.name, subset, split, seed),
-            suite=self.name,
-            subset=subset,
-            split=split,
-            seed=seed,
+        return self.new_task(
+            subset,
+            split,
+            seed,
             instruction=f"{str(entry['question']).strip()}\n\n{TOOL_HINT}",
             max_steps=MAX_STEPS,
             spec={

@@ -15,10 +15,12 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ratchet.errors import EnvironmentMissingError
-from ratchet.types import Split, Task, ToolCall, ToolSpec, task_id
+from ratchet.types import Split, Task, ToolCall, ToolSpec
 from suites.base import ActionError, Episode, StepResult, Suite
 
 if TYPE_CHECKING:
@@ -140,6 +142,17 @@ class _EnvPool:
                 self._all = [e for e in self._all if e is not env]
         _shutdown(env)
 
+    @contextmanager
+    def borrow(self) -> Iterator[TextWorldExpressEnv]:
+        """An env for a short call; one that raised is discarded rather than reused."""
+        env = self.acquire()
+        broken = True
+        try:
+            yield env
+            broken = False
+        finally:
+            self.release(env, broken=broken)
+
     @property
     def size(self) -> int:
         with self._lock:
@@ -182,9 +195,7 @@ class TextWorldExpressSuite(Suite):
         with self._lock:
             if key in self._fold_seeds:
                 return self._fold_seeds[key]
-        env = self._pool.acquire()
-        broken = True
-        try:
+        with self._pool.borrow() as env:
             env.load(subset, GAME_PARAMS[subset])
             getter = {
                 "train": env.getValidSeedsTrain,
@@ -192,9 +203,6 @@ class TextWorldExpressSuite(Suite):
                 "test": env.getValidSeedsTest,
             }[split]
             seeds = [int(s) for s in getter()]
-            broken = False
-        finally:
-            self._pool.release(env, broken=broken)
         with self._lock:
             self._fold_seeds[key] = seeds
         return seeds
@@ -209,12 +217,10 @@ class TextWorldExpressSuite(Suite):
         self._check_subset(subset)
         if seed not in set(self.fold_seeds(subset, split)):
             raise ValueError(f"seed {seed} is not in TextWorldExpress's {split} fold for {subset}")
-        return Task(
-            id=task_id(self.name, subset, split, seed),
-            suite=self.name,
-            subset=subset,
-            split=split,
-            seed=seed,
+        return self.new_task(
+            subset,
+            split,
+            seed,
             instruction=self._task_description(subset, split, seed),
             max_steps=MAX_STEPS[subset],
             spec={
@@ -230,14 +236,9 @@ class TextWorldExpressSuite(Suite):
         with self._lock:
             if key in self._descriptions:
                 return self._descriptions[key]
-        env = self._pool.acquire()
-        broken = True
-        try:
+        with self._pool.borrow() as env:
             _, infos = env.reset(seed=seed, gameFold=split, gameName=subset, gameParams=GAME_PARAMS[subset])
             description = str(infos["taskDescription"]).strip()
-            broken = False
-        finally:
-            self._pool.release(env, broken=broken)
         with self._lock:
             self._descriptions[key] = description
         return description
