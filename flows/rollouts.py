@@ -102,35 +102,51 @@ def run_slots(
     settings_for: Callable[[RolloutSlot], ActorSettings],
     stage: str,
 ) -> RolloutReport:
-    """Run every slot not already finished in the store; return the report over all slots."""
-    done_ids = rt.store.finished_ids([s.id for s in slots])
+    """Run every slot not already finished in the store by this same policy; report over all slots.
+
+    A stored rollout of another policy version (the model or skills changed between two runs
+    of the same generation) is played again and replaced, never mixed into the metrics.
+    """
+    ids = [s.id for s in slots]
+    done_ids = (
+        {
+            t.id
+            for t in rt.store.summaries(
+                evolution=slots[0].evolution,
+                generation=slots[0].generation,
+                status="finished",
+                policy_version=policy.version,
+            )
+            if t.id in set(ids)
+        }
+        if slots
+        else set()
+    )
     todo = [s for s in slots if s.id not in done_ids]
     total, finished = len(slots), len(done_ids)
     report(stage, finished, total)
     futures = [rollout_task.submit(rt, s, policy, settings_for(s)) for s in todo]
-    failed = 0
-    for fut in as_completed(futures) if futures else ():
-        if fut.state.is_failed():
-            failed += 1
+    for _ in as_completed(futures) if futures else ():
         finished += 1
         report(stage, finished, total)
     trajectories = [t for s in slots if (t := rt.store.get(s.id)) is not None]
     rep = summarize(trajectories, split=slots[0].task.split if slots else "", skipped=len(done_ids))
-    rep.errors += failed
+    rep.errors += len(slots) - len(trajectories)  # retries exhausted: nothing stored for the slot
     return rep
 
 
 def summarize(trajectories: Sequence[Trajectory], split: str, skipped: int = 0) -> RolloutReport:
-    finished = [t for t in trajectories if t.status == "finished" and t.kind == "agent"]
+    agent = [t for t in trajectories if t.kind == "agent"]
+    finished = [t for t in agent if t.status == "finished"]
     by_task: dict[str, list[bool]] = defaultdict(list)
-    for t in finished:
-        by_task[t.task_id].append(t.success)
+    for t in agent:  # an errored rollout counts as a failure: errors must never raise a success rate
+        by_task[t.task_id].append(t.success and t.status == "finished")
     n = len(finished)
     return RolloutReport(
         split=split,
-        n=n,
+        n=len(agent),
         successes=sum(t.success for t in finished),
-        errors=sum(t.status == "error" for t in trajectories),
+        errors=sum(t.status == "error" for t in agent),
         skipped=skipped,
         mean_steps=sum(t.n_steps for t in finished) / n if n else 0.0,
         prompt_tokens=sum(t.prompt_tokens for t in finished),

@@ -15,7 +15,7 @@ from agents.actor import build_actor
 from agents.model import chat_model
 from memory.trajectory_store import TrajectoryStore, open_store
 from ratchet.config import Settings
-from ratchet.errors import EndpointError
+from ratchet.errors import ConfigError, EndpointError
 from ratchet.runtime_env import prepare_environment
 from ratchet.types import Policy
 from server.launcher import EmbeddedServer, check_endpoint, check_port_free
@@ -41,7 +41,7 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
     """Yield a reachable OpenAI-compatible base URL serving `settings.model.name`."""
     url = base_url or settings.model.endpoint
     if url:
-        served = check_endpoint(url, settings.model.api_key)
+        served = check_endpoint(url, settings.model.api_key.get_secret_value())
         if served and settings.model.name not in served:
             raise EndpointError(
                 f"{url} does not serve model {settings.model.name!r} (it serves: {', '.join(served[:5])})",
@@ -65,6 +65,11 @@ def preflight(settings: Settings) -> None:
     suite = get_suite(settings.suite)
     try:
         suite.check()
+        for split in ("train", "test"):
+            try:
+                suite.tasks(split, getattr(settings.splits, split))
+            except ValueError as exc:
+                raise ConfigError(f"cannot build the {split} split: {exc}", f"lower splits.{split}") from None
     finally:
         suite.close()
     if settings.model.endpoint:
@@ -89,7 +94,7 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                 llm = chat_model(
                     url,
                     settings.model.name,
-                    settings.model.api_key,
+                    settings.model.api_key.get_secret_value(),
                     settings.model.timeout_s,
                     settings.model.max_tokens,
                 )

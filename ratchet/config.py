@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,7 +32,9 @@ class ModelSettings(BaseModel):
         description="OpenAI-compatible base URL (…/v1). Empty: ratchet starts its embedded server.",
     )
     name: str = Field(default="smollm2-135m-instruct", description="model name sent in requests")
-    api_key: str = Field(default="not-needed", description="API key for the endpoint")
+    api_key: SecretStr = Field(
+        default=SecretStr("not-needed"), description="API key for the endpoint (never logged or stored)"
+    )
     timeout_s: float = Field(default=120.0, gt=0, description="per-request timeout")
     max_tokens: int = Field(default=96, gt=0, description="completion budget per step")
     port: int = Field(default=0, ge=0, le=65535, description="embedded server port (0 = any free)")

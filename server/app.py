@@ -41,10 +41,10 @@ class ChatRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = None
     n: int = 1
     stream: bool = False
@@ -181,6 +181,14 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
+        try:
+            return await _chat(req)
+        except (KeyError, TypeError, ValueError) as exc:  # a malformed tool or message
+            return _error(400, f"malformed request: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - keep the OpenAI error shape for clients
+            return _error(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
+
+    async def _chat(req: ChatRequest) -> Any:
         if req.model not in (model_name, *engine.adapters):
             return _error(
                 404,

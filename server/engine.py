@@ -104,6 +104,8 @@ class Engine:
 
     # ----------------------------------------------------------------------------- public
     def submit(self, req: GenRequest) -> Future[GenResult]:
+        if self._stopped.is_set():
+            raise RuntimeError("engine is closed")
         if req.adapter is not None and req.adapter not in self.adapters:
             raise AdapterError(f"adapter {req.adapter!r} is not loaded")
         self._queue.put(req)
@@ -150,6 +152,8 @@ class Engine:
             self.model.delete_adapter(name)
             del self.adapters[name]
             self.prefix_cache.drop_adapter(name)
+            if not self.adapters:  # peft cannot disable a deleted adapter: go back to the bare base model
+                self.model = self.model.unload()
 
     def close(self) -> None:
         self._stopped.set()
@@ -179,11 +183,10 @@ class Engine:
             except queue.Empty:
                 pass
             with self._lock:
-                batch = self._admit(batch, pending)
-                if batch is None:
-                    continue
                 try:
-                    batch = self._step(batch)
+                    batch = self._admit(batch, pending)
+                    if batch is not None:
+                        batch = self._step(batch)
                 except Exception as exc:  # noqa: BLE001 - report to every caller, keep serving
                     log.exception("generation failed")
                     self._fail(batch, deque(), exc)
@@ -200,6 +203,8 @@ class Engine:
         room = self.max_batch - (len(batch.rows) if batch else 0)
         if room <= 0 or not pending:
             return batch
+        if batch is not None and pending[0].adapter != batch.adapter:
+            return batch  # the oldest waiting request needs another adapter: let this batch drain
         adapter = batch.adapter if batch else pending[0].adapter
         take: list[GenRequest] = []
         for req in list(pending):
@@ -379,6 +384,7 @@ def _sample(probs: torch.Tensor, top_p: float, gen: torch.Generator) -> int:
     if top_p < 1.0:
         sorted_p, idx = torch.sort(probs, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < top_p
+        keep[0] = True  # the most likely token always stays
         probs = torch.zeros_like(probs).scatter(0, idx[keep], sorted_p[keep])
     return int(torch.multinomial(probs, 1, generator=gen))
 

@@ -31,7 +31,12 @@ def get_suite(spec: str) -> Suite:
             f"unknown suite {name!r} (installed: {known})",
             "pick one of those, or install a package that registers it under 'ratchet.suites'",
         )
-    cls = found[name].load()
+    try:
+        cls = found[name].load()
+    except Exception as exc:  # noqa: BLE001 - a broken plug-in is the user's to fix, in one line
+        raise UnknownSuiteError(
+            f"suite plug-in {name!r} failed to import: {exc}", "fix or reinstall it"
+        ) from None
     if not (isinstance(cls, type) and issubclass(cls, Suite)):
         raise UnknownSuiteError(f"entry point {name!r} is not a ratchet Suite", "fix the plug-in")
     return cls(subsets)

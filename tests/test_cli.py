@@ -167,3 +167,9 @@ def test_readme_main_command_end_to_end(tmp_path, base_model_dir):
     proc = ratchet("run", cwd=tmp_path, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "explore" in proc.stdout and "evaluate" in proc.stdout and "MLflow run" in proc.stdout
+
+
+def test_split_larger_than_the_suite_offers_is_one_line(tmp_path):
+    proc = ratchet("--suite", "reasoning-gym:chain_sum", "run", "--train", "2000000", cwd=tmp_path)
+    assert_one_line_error(proc, "cannot build the train split", "splits.train")
+    assert nothing_written(tmp_path / "data")

@@ -24,7 +24,7 @@ def test_wilson_interval_is_sane_at_the_edges():
     assert lo < 0.5 < hi and abs((0.5 - lo) - (hi - 0.5)) < 1e-9
 
 
-def test_summary_counts_only_finished_agent_rollouts():
+def test_summary_counts_agent_rollouts_and_errors_as_failures():
     from ratchet.types import Trajectory
 
     def t(i, **kw):
@@ -45,8 +45,8 @@ def test_summary_counts_only_finished_agent_rollouts():
     rep = summarize(
         [t(0, success=True), t(1), t(2, status="error"), t(3, kind="expert", success=True)], "test"
     )
-    assert (rep.n, rep.successes, rep.errors) == (2, 1, 1)
-    assert rep.by_task == {"s:x:test:0": 1.0, "s:x:test:1": 0.0}
+    assert (rep.n, rep.successes, rep.errors) == (3, 1, 1)  # an error counts as a failed rollout
+    assert rep.by_task == {"s:x:test:0": 0.5, "s:x:test:1": 0.0}
 
 
 @pytest.mark.integration

@@ -195,12 +195,23 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
         httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": "t1"})
     gone = httpx.post(f"{embedded_server}/chat/completions", json={"model": "t1", "messages": USER})
     assert gone.status_code == 404
+    # with its last adapter gone, the base model serves as before
+    assert (
+        chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"] == base_text
+    )
 
 
 @pytest.mark.integration
 def test_bad_requests_get_clear_errors(embedded_server):
     r = httpx.post(f"{embedded_server}/chat/completions", json={"model": "gpt-9", "messages": USER})
     assert r.status_code == 404 and "gpt-9" in r.json()["error"]["message"]
+    r = httpx.post(f"{embedded_server}/chat/completions", json={"model": MODEL, "messages": USER, "top_p": 0})
+    assert r.status_code == 422  # validated before it can reach (and fail) a shared batch
+    r = httpx.post(
+        f"{embedded_server}/chat/completions",
+        json={"model": MODEL, "messages": USER, "tools": [{"type": "function", "function": {}}]},
+    )
+    assert r.status_code == 400 and "malformed" in r.json()["error"]["message"]
     r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nope"})
     assert r.status_code == 400 and "adapter_config.json" in r.json()["error"]["message"]
 
