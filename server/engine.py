@@ -141,9 +141,19 @@ class Engine:
                 else:
                     self.model = PeftModel.from_pretrained(self.model, str(p), adapter_name=name)
                 self.model.eval()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - corrupt weights, wrong base, ...: undo, then report
+                self._undo_failed_load(name)
                 raise AdapterError(f"cannot load adapter from {path} ({cfg.peft_type}): {exc}") from None
             self.adapters[name] = str(p)
+
+    def _undo_failed_load(self, name: str) -> None:
+        """A half-loaded adapter must not change what the base model or other adapters say."""
+        peft_config = getattr(self.model, "peft_config", {})
+        if self.adapters and name in peft_config:
+            self.model.delete_adapter(name)
+        elif not self.adapters:  # the failed first load may have injected LoRA layers in place
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+            self.prefix_cache = PrefixCache(self.prefix_cache.max_tokens)
 
     def unload_adapter(self, name: str) -> None:
         with self._lock:

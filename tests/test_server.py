@@ -224,3 +224,27 @@ def test_port_in_use_is_refused_before_starting(tmp_path):
         port = s.getsockname()[1]
         with pytest.raises(PortInUseError, match=f"port {port}"):
             EmbeddedServer(Path(tmp_path), Path(tmp_path), port=port).start()
+
+
+@pytest.mark.integration
+def test_a_corrupt_adapter_is_refused_and_changes_nothing(embedded_server, tmp_path):
+    before = chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": 4,
+                "lora_alpha": 8,
+                "target_modules": ["q_proj"],
+                "task_type": "CAUSAL_LM",
+            }
+        )
+    )
+    (bad / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(bad)})
+    assert r.status_code == 400 and "cannot load adapter" in r.json()["error"]["message"]
+    assert "bad" not in [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
+    after = chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
+    assert after == before
