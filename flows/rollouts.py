@@ -107,21 +107,16 @@ def run_slots(
     A stored rollout of another policy version (the model or skills changed between two runs
     of the same generation) is played again and replaced, never mixed into the metrics.
     """
-    ids = [s.id for s in slots]
-    done_ids = (
-        {
-            t.id
-            for t in rt.store.summaries(
-                evolution=slots[0].evolution,
-                generation=slots[0].generation,
-                status="finished",
-                policy_version=policy.version,
-            )
-            if t.id in set(ids)
-        }
-        if slots
-        else set()
+    if not slots:
+        return summarize([], split="")
+    wanted = {s.id for s in slots}
+    same_policy = rt.store.summaries(
+        evolution=slots[0].evolution,
+        generation=slots[0].generation,
+        status="finished",
+        policy_version=policy.version,
     )
+    done_ids = {t.id for t in same_policy if t.id in wanted}
     todo = [s for s in slots if s.id not in done_ids]
     total, finished = len(slots), len(done_ids)
     report(stage, finished, total)
@@ -130,7 +125,7 @@ def run_slots(
         finished += 1
         report(stage, finished, total)
     trajectories = [t for s in slots if (t := rt.store.get(s.id)) is not None]
-    rep = summarize(trajectories, split=slots[0].task.split if slots else "", skipped=len(done_ids))
+    rep = summarize(trajectories, split=slots[0].task.split, skipped=len(done_ids))
     rep.errors += len(slots) - len(trajectories)  # retries exhausted: nothing stored for the slot
     return rep
 
