@@ -109,14 +109,7 @@ def run_slots(
     """
     if not slots:
         return summarize([], split="")
-    wanted = {s.id for s in slots}
-    same_policy = rt.store.summaries(
-        evolution=slots[0].evolution,
-        generation=slots[0].generation,
-        status="finished",
-        policy_version=policy.version,
-    )
-    done_ids = {t.id for t in same_policy if t.id in wanted}
+    done_ids = rt.store.finished_ids([s.id for s in slots], policy_version=policy.version)
     todo = [s for s in slots if s.id not in done_ids]
     total, finished = len(slots), len(done_ids)
     report(stage, finished, total)

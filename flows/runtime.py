@@ -66,8 +66,9 @@ def preflight(settings: Settings) -> None:
     try:
         suite.check()
         for split in ("train", "test"):
-            try:
-                suite.tasks(split, getattr(settings.splits, split))
+            try:  # the seeds alone tell whether the split is that large; no need to build tasks
+                for subset in suite.subsets:
+                    suite.split_seeds(subset, split, getattr(settings.splits, split))
             except ValueError as exc:
                 raise ConfigError(f"cannot build the {split} split: {exc}", f"lower splits.{split}") from None
     finally:
@@ -75,10 +76,10 @@ def preflight(settings: Settings) -> None:
     if settings.model.endpoint:
         with model_endpoint(settings):
             pass
-    elif settings.model.port:
-        check_port_free("127.0.0.1", settings.model.port)
-    if not settings.model.endpoint:
+    else:
         shipped_gguf()  # the model package is installed
+        if settings.model.port:
+            check_port_free("127.0.0.1", settings.model.port)
 
 
 @contextmanager

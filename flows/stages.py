@@ -17,6 +17,7 @@ from agents.rollout import RolloutSlot
 from flows import tracking
 from flows.rollouts import RolloutReport, run_slots
 from flows.runtime import LoopRuntime
+from ratchet.config import Settings
 from ratchet.hashing import content_hash
 from ratchet.types import Policy, Split
 
@@ -36,51 +37,50 @@ def derive_seed(*parts: object) -> int:
 def explore_stage(rt: LoopRuntime, generation: int, policy: Policy) -> StageResult:
     """k sampled rollouts per train task, with epsilon-random exploration (never used to evaluate)."""
     s = rt.settings
-    tasks = rt.suite.tasks("train", s.splits.train)
-    slots = [
-        RolloutSlot(s.evolution, generation, t, r) for t in tasks for r in range(s.explore.rollouts_per_task)
-    ]
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
-        return ActorSettings(
-            max_steps=s.max_steps or slot.task.max_steps,
-            temperature=s.explore.temperature,
-            epsilon=s.explore.epsilon,
-            history_window=s.history_window,
-            seed=derive_seed(s.seed, slot.id),
-        )
+        seed = derive_seed(s.seed, slot.id)
+        return _actor_settings(s, slot, s.explore.temperature, s.explore.epsilon, seed)
 
-    return _run(rt, "explore", "train", slots, policy, settings_for)
+    return _run(rt, "explore", "train", generation, policy, s.explore.rollouts_per_task, settings_for)
 
 
 def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Split = "test") -> StageResult:
     """The held-out split with fixed seeds: the same tasks and seeds every generation."""
     s = rt.settings
-    tasks = rt.suite.tasks(split, getattr(s.splits, split))
-    slots = [
-        RolloutSlot(s.evolution, generation, t, r) for t in tasks for r in range(s.evaluate.rollouts_per_task)
-    ]
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
-        return ActorSettings(
-            max_steps=s.max_steps or slot.task.max_steps,
-            temperature=s.evaluate.temperature,
-            epsilon=0.0,
-            history_window=s.history_window,
-            seed=derive_seed("evaluate", slot.task.id, slot.rollout),  # independent of settings.seed
-        )
+        seed = derive_seed("evaluate", slot.task.id, slot.rollout)  # independent of settings.seed
+        return _actor_settings(s, slot, s.evaluate.temperature, 0.0, seed)
 
-    return _run(rt, "evaluate", split, slots, policy, settings_for)
+    return _run(rt, "evaluate", split, generation, policy, s.evaluate.rollouts_per_task, settings_for)
+
+
+def _actor_settings(
+    s: Settings, slot: RolloutSlot, temperature: float, epsilon: float, seed: int
+) -> ActorSettings:
+    return ActorSettings(
+        max_steps=s.max_steps or slot.task.max_steps,
+        temperature=temperature,
+        epsilon=epsilon,
+        history_window=s.history_window,
+        seed=seed,
+    )
 
 
 def _run(
     rt: LoopRuntime,
     stage: str,
     split: Split,
-    slots: list[RolloutSlot],
+    generation: int,
     policy: Policy,
+    rollouts_per_task: int,
     settings_for: Callable[[RolloutSlot], ActorSettings],
 ) -> StageResult:
+    """`rollouts_per_task` rollouts of every task of `split`, then metrics to MLflow."""
+    s = rt.settings
+    tasks = rt.suite.tasks(split, getattr(s.splits, split))
+    slots = [RolloutSlot(s.evolution, generation, t, r) for t in tasks for r in range(rollouts_per_task)]
     started = time.perf_counter()
     report = run_slots(rt, slots, policy, settings_for, stage)
     result = StageResult(stage, report, time.perf_counter() - started, policy.version)

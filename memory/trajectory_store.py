@@ -83,8 +83,9 @@ class TrajectoryStore(Protocol):
 
     def get(self, id: str) -> Trajectory | None: ...
 
-    def finished_ids(self, ids: Iterable[str]) -> set[str]:
-        """The subset of `ids` stored with status 'finished' (error rows do not count)."""
+    def finished_ids(self, ids: Iterable[str], policy_version: str | None = None) -> set[str]:
+        """The subset of `ids` stored with status 'finished' (error rows do not count), and,
+        when `policy_version` is given, played by that policy version."""
         ...
 
     def query(
@@ -261,15 +262,16 @@ class SQLiteTrajectoryStore:
         row = self._conn().execute("SELECT data FROM trajectories WHERE id = ?", (id,)).fetchone()
         return None if row is None else Trajectory.model_validate_json(row[0])
 
-    def finished_ids(self, ids: Iterable[str]) -> set[str]:
+    def finished_ids(self, ids: Iterable[str], policy_version: str | None = None) -> set[str]:
         wanted = list(dict.fromkeys(ids))
         found: set[str] = set()
+        same_policy = "" if policy_version is None else "AND policy_version = ? "
         for i in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
             chunk = wanted[i : i + 500]
             rows = self._conn().execute(
-                f"SELECT id FROM trajectories WHERE status = 'finished' "
+                f"SELECT id FROM trajectories WHERE status = 'finished' {same_policy}"
                 f"AND id IN ({', '.join('?' * len(chunk))})",
-                chunk,
+                ([] if policy_version is None else [policy_version]) + chunk,
             )
             found.update(r[0] for r in rows)
         return found

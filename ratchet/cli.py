@@ -8,7 +8,6 @@ as one line with exit code 2.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -117,6 +116,16 @@ def _progress() -> Iterator[None]:
             yield
 
 
+def _launch(flow_obj: Any, settings: Settings, generation: int) -> Any:
+    """Check the input (one clear line, nothing written), then run the flow with progress bars."""
+    from flows.launch import run_flow
+    from flows.runtime import preflight
+
+    preflight(settings)
+    with _progress():
+        return run_flow(flow_obj, settings, generation=generation)
+
+
 # ------------------------------------------------------------------------------------ commands
 @app.command()
 def serve(
@@ -148,13 +157,8 @@ def explore(
     with _guard():
         settings = _settings(**{"splits.train": train, "explore.rollouts_per_task": k})
         from flows.explore import explore as explore_flow
-        from flows.launch import run_flow
-        from flows.runtime import preflight
 
-        preflight(settings)
-
-        with _progress():
-            result = run_flow(explore_flow, settings, generation=generation)
+        result = _launch(explore_flow, settings, generation)
         _print_stages(settings, [result])
 
 
@@ -167,13 +171,8 @@ def evaluate(
     with _guard():
         settings = _settings(**{"splits.test": test})
         from flows.evaluate import evaluate as evaluate_flow
-        from flows.launch import run_flow
-        from flows.runtime import preflight
 
-        preflight(settings)
-
-        with _progress():
-            result = run_flow(evaluate_flow, settings, generation=generation)
+        result = _launch(evaluate_flow, settings, generation)
         _print_stages(settings, [result])
 
 
@@ -188,13 +187,8 @@ def run(
     with _guard():
         settings = _settings(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
         from flows.generation import generation_flow
-        from flows.launch import run_flow
-        from flows.runtime import preflight
 
-        preflight(settings)
-
-        with _progress():
-            result = run_flow(generation_flow, settings, generation=generation)
+        result = _launch(generation_flow, settings, generation)
         _print_stages(settings, [result.explore, result.evaluate], run_id=result.run_id)
 
 
@@ -358,11 +352,7 @@ def main() -> None:
     import signal
 
     signal.signal(signal.SIGTERM, _terminate_gracefully)
-    try:
-        app()
-    except RatchetError as exc:  # raised outside a command's guard (e.g. while parsing settings)
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(exc.exit_code)
+    app()
 
 
 if __name__ == "__main__":

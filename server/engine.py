@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
@@ -213,9 +214,9 @@ class Engine:
         room = self.max_batch - (len(batch.rows) if batch else 0)
         if room <= 0 or not pending:
             return batch
-        if batch is not None and pending[0].adapter != batch.adapter:
+        adapter = pending[0].adapter
+        if batch is not None and adapter != batch.adapter:
             return batch  # the oldest waiting request needs another adapter: let this batch drain
-        adapter = batch.adapter if batch else pending[0].adapter
         take: list[GenRequest] = []
         for req in list(pending):
             if len(take) == room:
@@ -426,18 +427,18 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
     """Append b's rows to a, left-padding whichever cache is narrower."""
     width = max(a.attn.shape[1], b.attn.shape[1])
 
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        missing = width - t.shape[-2] if t.dim() == 4 else width - t.shape[1]
-        if missing == 0:
-            return t
-        if t.dim() == 4:
-            return torch.cat([t.new_zeros((*t.shape[:2], missing, t.shape[3])), t], dim=2)
-        return torch.cat([t.new_zeros((t.shape[0], missing)), t], dim=1)
+    def pad_kv(t: torch.Tensor) -> torch.Tensor:  # [rows, heads, cols, dim]: zeros on the left of cols
+        return F.pad(t, (0, 0, width - t.shape[2], 0))
+
+    def pad(t: torch.Tensor) -> torch.Tensor:  # [rows, cols]
+        return F.pad(t, (width - t.shape[1], 0))
 
     cache = DynamicCache()
     for layer, (la, lb) in enumerate(zip(a.cache.layers, b.cache.layers, strict=True)):
         cache.update(
-            torch.cat([pad(la.keys), pad(lb.keys)]), torch.cat([pad(la.values), pad(lb.values)]), layer
+            torch.cat([pad_kv(la.keys), pad_kv(lb.keys)]),
+            torch.cat([pad_kv(la.values), pad_kv(lb.values)]),
+            layer,
         )
     return _Batch(
         a.adapter,

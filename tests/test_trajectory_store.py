@@ -460,3 +460,16 @@ def test_open_store_rejects_unsupported_urls(url: str) -> None:
     message = str(err.value)
     assert "\n" not in message and "s3cret" not in message
     assert "sqlite:///" in message  # says what to do instead
+
+
+def test_finished_ids_of_one_policy_version(store: TrajectoryStore) -> None:
+    """Resume skips only rollouts the same policy played: another version's rows are redone."""
+    old = make(rollout=0, policy_version="v1")
+    new = make(rollout=1, policy_version="v2")
+    failed = make(rollout=2, policy_version="v2", status="error")
+    for t in (old, new, failed):
+        store.put(t)
+    ids = [old.id, new.id, failed.id]
+    assert store.finished_ids(ids, policy_version="v2") == {new.id}
+    assert store.finished_ids(ids, policy_version="v1") == {old.id}
+    assert store.finished_ids(ids) == {old.id, new.id}
