@@ -27,14 +27,18 @@ from langgraph.runtime import Runtime
 
 from agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
-from ratchet.types import Policy, Step, ToolCall
+from ratchet.types import TOOL_ERROR, Policy, SkillText, Step, ToolCall
 from suites.base import ActionError, Episode, StepResult
 
 
 class ToolRunner(Protocol):
-    """Executes the policy's active tools (the MCP toolbox); returns the text result."""
+    """Executes the policy's active tools (skills.toolbox.Toolbox, over MCP).
 
-    def call(self, name: str, args: dict[str, Any]) -> str: ...
+    Returns the text result (a function tool) or a plan of environment actions (a macro),
+    and raises ActionError when the tool fails; `task` is the current task's text.
+    """
+
+    def call(self, name: str, args: dict[str, Any], task: str) -> str | list[ToolCall]: ...
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class RolloutContext:
     observation: str
     options: str = ""  # the latest StepResult.options, appended to whatever the model sees last
     tool_runner: ToolRunner | None = None
+    skills: tuple[SkillText, ...] | None = None  # the policy's skills chosen for this task; None = all
     steps: list[Step] = field(default_factory=list)
     outcome: StepResult | None = None
     pending: Step | None = None
@@ -159,7 +164,7 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step)
     """One model call: system prompt with skills, the task, the last few steps; tool choice required."""
     window = state["messages"][2 * history_start(len(state["messages"]) // 2, ctx.settings.history_window) :]
     prompt: list[AnyMessage] = [
-        SystemMessage(system_prompt(ctx.policy.skills)),
+        SystemMessage(system_prompt(ctx.policy.skills if ctx.skills is None else ctx.skills)),
         HumanMessage(state["task"]),
         *window,
     ]
@@ -194,8 +199,38 @@ def _execute(ctx: RolloutContext, call: ToolCall) -> StepResult:
     if call.name in {t.name for t in ctx.policy.tools}:
         if ctx.tool_runner is None:
             raise RuntimeError(f"policy tool {call.name!r} is active but no tool runner was given")
-        return StepResult(observation=ctx.tool_runner.call(call.name, call.args))
+        try:
+            out = ctx.tool_runner.call(call.name, call.args, ctx.episode.task.instruction)
+        except ActionError as exc:
+            raise ActionError(f"{TOOL_ERROR}: {call.name}: {exc}") from None
+        return _play(ctx, call.name, out) if isinstance(out, list) else StepResult(observation=out)
     raise ActionError(f"unknown tool {call.name!r}")
+
+
+def _play(ctx: RolloutContext, name: str, plan: list[ToolCall]) -> StepResult:
+    """Play a macro's actions as one step; stop early when the episode ends or an action is
+    refused (a refused first action changes nothing and is the tool's error)."""
+    env_tools = {t.name for t in ctx.episode.tools()}
+    lines: list[str] = []
+    result = StepResult(observation="")
+    reward = 0.0
+    for i, action in enumerate(plan):
+        shown = ", ".join(str(v) for v in action.args.values())
+        try:
+            if action.name not in env_tools:
+                raise ActionError(f"unknown environment tool {action.name!r}")
+            result = ctx.episode.step(action)
+        except ActionError as exc:
+            if i == 0:
+                raise ActionError(f"{TOOL_ERROR}: {name}: {shown!r} was refused: {exc}") from None
+            lines.append(f"(macro stopped: {shown!r} was refused)")
+            break
+        reward += result.reward
+        lines.append(f"> {shown}\n{result.observation}")
+        if result.done:
+            break
+    result.observation, result.reward = "\n".join(lines), reward
+    return result
 
 
 def _join(text: str, options: str) -> str:

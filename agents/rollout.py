@@ -8,8 +8,8 @@ from typing import Any
 
 from agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state
 from agents.model import is_transient
-from ratchet.types import Policy, Task, Trajectory, trajectory_id
-from suites.base import Suite
+from ratchet.types import Policy, SkillText, Step, Task, Trajectory, trajectory_id
+from suites.base import ActionError, Suite
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,12 @@ def run_rollout(
     policy: Policy,
     settings: ActorSettings,
     tool_runner: ToolRunner | None = None,
+    skills: tuple[SkillText, ...] | None = None,
 ) -> Trajectory:
-    """Play `slot.task` once. Transient model errors propagate (the caller retries the whole
-    rollout); any other failure is kept in the trajectory as status 'error' with its steps."""
+    """Play `slot.task` once, showing `skills` (default: all of the policy's).
+
+    Transient model errors propagate (the caller retries the whole rollout); any other
+    failure is kept in the trajectory as status 'error' with its steps."""
     task = slot.task
     started = time.perf_counter()
     error: str | None = None
@@ -48,6 +51,7 @@ def run_rollout(
             observation=first.observation,
             options=first.options,
             tool_runner=tool_runner,
+            skills=skills,
         )
         try:
             actor.invoke(
@@ -77,8 +81,69 @@ def run_rollout(
         instruction=task.instruction,
         steps=ctx.steps,
         status="error" if error else "finished",
+        done=outcome is not None,
+        max_steps=settings.max_steps,
         success=bool(outcome and outcome.success) and error is None,
         score=outcome.score if outcome else 0.0,
         error=error,
+        seconds=time.perf_counter() - started,
+    )
+
+
+EXPERT_ROLLOUT = -1  # the rollout index of a task's expert trajectory
+EXPERT_POLICY = "expert"
+
+
+def run_expert(suite: Suite, slot: RolloutSlot) -> Trajectory | None:
+    """Play the suite's reference solution for `slot.task`; None if the suite knows none.
+
+    Expert trajectories are tagged `kind='expert'`: usable for distillation and training,
+    never counted as the agent's success.
+    """
+    task = slot.task
+    started = time.perf_counter()
+    steps: list[Step] = []
+    with suite.episode(task) as episode:
+        result = episode.reset()
+        plan = episode.expert_actions()
+        if not plan:
+            return None
+        observation, options = result.observation, result.options
+        for call in plan[: task.max_steps]:
+            step = Step(
+                index=len(steps),
+                observation=f"{observation}\n{options}" if options else observation,
+                tool_call=call,
+                source="expert",
+            )
+            try:
+                result = episode.step(call)
+            except ActionError:  # a stale reference path: not a usable expert
+                return None
+            step.tool_result, step.reward = result.observation, result.reward
+            steps.append(step)
+            observation, options = result.observation, result.options
+            if result.done:
+                break
+    if not result.success:
+        return None
+    return Trajectory(
+        id=slot.id,
+        evolution=slot.evolution,
+        generation=slot.generation,
+        task_id=task.id,
+        suite=task.suite,
+        subset=task.subset,
+        split=task.split,
+        rollout=slot.rollout,
+        seed=task.seed,
+        policy_version=EXPERT_POLICY,
+        kind="expert",
+        instruction=task.instruction,
+        steps=steps,
+        done=True,
+        max_steps=task.max_steps,
+        success=True,
+        score=result.score,
         seconds=time.perf_counter() - started,
     )

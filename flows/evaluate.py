@@ -13,4 +13,4 @@ from ratchet.config import Settings
 @flow(name="evaluate", validate_parameters=False)
 def evaluate(settings: Settings, generation: int = 0, base_url: str | None = None) -> StageResult:
     with open_runtime(settings, base_url) as rt, tracking.generation_run(settings, generation):
-        return evaluate_stage(rt, generation, rt.base_policy())
+        return evaluate_stage(rt, generation, rt.live_policy())

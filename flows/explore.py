@@ -13,4 +13,4 @@ from ratchet.config import Settings
 @flow(name="explore", validate_parameters=False)
 def explore(settings: Settings, generation: int = 0, base_url: str | None = None) -> StageResult:
     with open_runtime(settings, base_url) as rt, tracking.generation_run(settings, generation):
-        return explore_stage(rt, generation, rt.base_policy())
+        return explore_stage(rt, generation, rt.live_policy())

@@ -1,7 +1,7 @@
 """Prefect flow `generation`: one pass of the loop, logged as one MLflow child run.
 
-Today a generation explores and evaluates; diagnose → distill → verify → promote →
-fine-tune slot in between as they land (issues 3–5), each a stage over the same runtime.
+Today a generation explores, diagnoses, distills and evaluates; verify → promote →
+fine-tune slot in between as they land (issues 4–5), each a stage over the same runtime.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from prefect import flow
 
 from flows import tracking
+from flows.diagnose import DiagnoseResult, diagnose_stage
+from flows.distill import DistillResult, distill_stage
 from flows.runtime import open_runtime
 from flows.stages import StageResult, evaluate_stage, explore_stage
 from ratchet.config import Settings
@@ -21,13 +23,17 @@ class GenerationResult:
     generation: int
     run_id: str
     explore: StageResult
+    diagnose: DiagnoseResult
+    distill: DistillResult
     evaluate: StageResult
 
 
 @flow(name="generation", validate_parameters=False)
 def generation_flow(settings: Settings, generation: int = 0, base_url: str | None = None) -> GenerationResult:
     with open_runtime(settings, base_url) as rt, tracking.generation_run(settings, generation) as run_id:
-        policy = rt.base_policy()
+        policy = rt.live_policy()
         explored = explore_stage(rt, generation, policy)
+        diagnosed = diagnose_stage(rt, generation)
+        distilled = distill_stage(rt, generation)
         evaluated = evaluate_stage(rt, generation, policy)
-        return GenerationResult(generation, run_id, explored, evaluated)
+        return GenerationResult(generation, run_id, explored, diagnosed, distilled, evaluated)

@@ -21,7 +21,7 @@ from flows.runtime import LoopRuntime
 from ratchet.types import Policy, Trajectory
 
 
-def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     exc = state.data if isinstance(state.data, BaseException) else None
     if exc is None:
         try:
@@ -35,13 +35,17 @@ def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     name="rollout",
     retries=3,
     retry_delay_seconds=[2, 5, 15],
-    retry_condition_fn=_retry_transient,
+    retry_condition_fn=retry_transient,
     cache_policy=NO_CACHE,
     task_run_name="rollout {slot.task.id} #{slot.rollout}",
 )
 def rollout_task(rt: LoopRuntime, slot: RolloutSlot, policy: Policy, settings: ActorSettings) -> str:
     """Play one slot and store its trajectory (an upsert: a retried or rerun slot replaces its row)."""
-    traj = run_rollout(rt.actor, rt.suite, slot, policy, settings)
+    skills = None
+    if policy.skills and rt.retriever is not None:  # the top-k promoted skills for this task
+        k, budget = rt.settings.skills.k, rt.settings.skills.token_budget
+        skills = tuple(rt.retriever.select(slot.task.instruction, policy.skills, k, budget))
+    traj = run_rollout(rt.actor, rt.suite, slot, policy, settings, tool_runner=rt.toolbox, skills=skills)
     rt.store.put(traj)
     return traj.id
 
@@ -109,6 +113,8 @@ def run_slots(
     """
     if not slots:
         return summarize([], split="")
+    if policy.skills and rt.retriever is not None:
+        rt.retriever.sync(policy.skills)
     done_ids = rt.store.finished_ids([s.id for s in slots], policy_version=policy.version)
     todo = [s for s in slots if s.id not in done_ids]
     total, finished = len(slots), len(done_ids)

@@ -11,15 +11,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_core.language_models import BaseChatModel
+
 from agents.actor import build_actor
 from agents.model import chat_model
+from memory.retrieval import SkillRetriever
 from memory.trajectory_store import TrajectoryStore, open_store
+from memory.vector_index import VectorIndex
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, EndpointError
 from ratchet.runtime_env import prepare_environment
 from ratchet.types import Policy
 from server.launcher import EmbeddedServer, check_endpoint, check_port_free
 from server.weights import BASE_MODEL_NAME, shipped_gguf
+from skills.format import Skill
+from skills.library import SkillLibrary
+from skills.toolbox import Toolbox
 from suites import Suite, get_suite
 
 
@@ -30,10 +37,32 @@ class LoopRuntime:
     store: TrajectoryStore
     base_url: str
     actor: Any
+    teacher: BaseChatModel | None = None
+    library: SkillLibrary | None = None
+    toolbox: Toolbox | None = None
+    retriever: SkillRetriever | None = None
 
     def base_policy(self) -> Policy:
         """Generation 0: the endpoint's model, no adapter, no skills, no tools."""
         return Policy(model=self.settings.model.name)
+
+    def live_policy(self) -> Policy:
+        """The base model with every promoted skill and tool of the library."""
+        if self.library is None:
+            return self.base_policy()
+        return policy_with(self.base_policy(), self.library.list(status="promoted"))
+
+    def use_tools(self, skills: list[Skill]) -> None:
+        """Serve these tool skills to rollouts (the MCP toolbox), replacing the current set."""
+        d = self.settings.distill
+        self.toolbox = Toolbox(skills, d.tool_timeout_s, d.tool_memory_mb) if skills else None
+
+
+def policy_with(base: Policy, skills: list[Skill]) -> Policy:
+    """`base` plus these skills: procedures and guardrails as prompt skills, tools as tools."""
+    texts = tuple(s.text() for s in skills if s.kind != "tool")
+    tools = tuple(s.tool_spec() for s in skills if s.kind == "tool")
+    return base.model_copy(update={"skills": base.skills + texts, "tools": base.tools + tools})
 
 
 @contextmanager
@@ -99,8 +128,23 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                     settings.model.timeout_s,
                     settings.model.max_tokens,
                 )
-                yield LoopRuntime(settings, suite, store, url, build_actor(llm))
+                rt = LoopRuntime(settings, suite, store, url, build_actor(llm))
+                rt.teacher = teacher_model(settings, url)
+                rt.library = SkillLibrary(settings.skills_dir, settings.distill.merge_similarity)
+                rt.retriever = SkillRetriever(VectorIndex(settings.index_dir, "skills-live"))
+                rt.use_tools(rt.library.list(status="promoted", kind="tool"))
+                yield rt
             finally:
                 store.close()
     finally:
         suite.close()
+
+
+def teacher_model(settings: Settings, policy_url: str) -> BaseChatModel:
+    """The teacher's chat model: its own endpoint if configured, else the policy's server."""
+    t = settings.teacher
+    url = t.endpoint or policy_url
+    if t.endpoint:
+        check_endpoint(url, t.api_key.get_secret_value())
+    key = (t.api_key if t.endpoint else settings.model.api_key).get_secret_value()
+    return chat_model(url, t.name or settings.model.name, key, t.timeout_s, t.max_tokens)

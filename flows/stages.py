@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import mlflow
 
 from agents.actor import ActorSettings
-from agents.rollout import RolloutSlot
+from agents.rollout import EXPERT_ROLLOUT, RolloutSlot, run_expert
 from flows import tracking
 from flows.rollouts import RolloutReport, run_slots
 from flows.runtime import LoopRuntime
@@ -42,7 +42,27 @@ def explore_stage(rt: LoopRuntime, generation: int, policy: Policy) -> StageResu
         seed = derive_seed(s.seed, slot.id)
         return _actor_settings(s, slot, s.explore.temperature, s.explore.epsilon, seed)
 
-    return _run(rt, "explore", "train", generation, policy, s.explore.rollouts_per_task, settings_for)
+    result = _run(rt, "explore", "train", generation, policy, s.explore.rollouts_per_task, settings_for)
+    if s.explore.experts:
+        seed_experts(rt, generation)
+    return result
+
+
+def seed_experts(rt: LoopRuntime, generation: int) -> int:
+    """Store one expert trajectory per train task the suite can solve; returns how many exist."""
+    s = rt.settings
+    slots = [
+        RolloutSlot(s.evolution, generation, t, EXPERT_ROLLOUT)
+        for t in rt.suite.tasks("train", s.splits.train)
+    ]
+    have = rt.store.finished_ids([sl.id for sl in slots])
+    for slot in slots:
+        if slot.id not in have and (traj := run_expert(rt.suite, slot)) is not None:
+            rt.store.put(traj)
+            have.add(slot.id)
+    if mlflow.active_run() is not None:
+        mlflow.log_metric("explore_expert_trajectories", len(have))
+    return len(have)
 
 
 def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Split = "test") -> StageResult:
@@ -97,7 +117,7 @@ def _log(rt: LoopRuntime, result: StageResult, split: Split, slots: list[Rollout
             "model": s.model.name,
             "endpoint": s.model.endpoint or "embedded",
             "suite": s.suite,
-            "experts_used": False,
+            "experts_used": s.explore.experts,
             f"{result.stage}_tasks": len({sl.task.id for sl in slots}),
             f"{result.stage}_rollouts_per_task": (
                 s.explore if result.stage == "explore" else s.evaluate

@@ -104,20 +104,29 @@ def log_trajectory_sample(trajectories: list[Trajectory], stage: str, per_outcom
 
 def log_success_plot(by_task: dict[str, float], stage: str, title: str) -> None:
     """Bar chart of success rate per task: what a person would rather see than read."""
+    labels = {k.split(":", 1)[1]: v for k, v in by_task.items()}  # drop the suite prefix
+    log_bar_plot(labels, f"plots/{stage}_success_by_task.png", title, "success rate", ylim=1.05)
+
+
+def log_bar_plot(
+    values: dict[str, float], artifact: str, title: str, ylabel: str, ylim: float | None = None
+) -> None:
+    """A labelled bar chart as an MLflow figure artifact."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [k.split(":", 1)[1] for k in by_task]  # drop the suite prefix
+    labels = list(values)
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(labels) + 2), 4))
-    ax.bar(range(len(labels)), list(by_task.values()), color="#3b7dd8")
+    ax.bar(range(len(labels)), list(values.values()), color="#3b7dd8")
     ax.set_xticks(range(len(labels)), labels, rotation=70, ha="right", fontsize=7)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("success rate")
+    if ylim is not None:
+        ax.set_ylim(0, ylim)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     fig.tight_layout()
-    mlflow.log_figure(fig, f"plots/{stage}_success_by_task.png")
+    mlflow.log_figure(fig, artifact)
     plt.close(fig)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
 
 from ratchet.errors import ConfigError
-from ratchet.types import Split, Trajectory
+from ratchet.types import Diagnosis, Split, Trajectory
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -107,6 +107,18 @@ class TrajectoryStore(Protocol):
         """Write matching trajectories as JSON lines (all or nothing); returns how many."""
         ...
 
+    # -- diagnoses: stored beside the trajectory they explain, keyed by its id
+
+    def put_diagnoses(self, diagnoses: Iterable[Diagnosis]) -> None:
+        """Insert or replace diagnoses (idempotent: rerunning `diagnose` rewrites the same rows)."""
+        ...
+
+    def diagnoses(
+        self, evolution: str, generation: int | None = None, mode: str | None = None
+    ) -> list[Diagnosis]:
+        """Diagnoses of an evolution (optionally one generation or mode), by trajectory id."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -139,6 +151,19 @@ _SCHEMA = (
     "CREATE INDEX ix_traj_split ON trajectories (split, suite)",
     "CREATE INDEX ix_traj_status ON trajectories (status, success)",
     "CREATE INDEX ix_traj_policy ON trajectories (policy_version)",
+)
+
+# Added after schema version 1 without changing existing tables: created when missing.
+_DIAGNOSES = (
+    """CREATE TABLE IF NOT EXISTS diagnoses (
+        trajectory_id TEXT PRIMARY KEY REFERENCES trajectories (id),
+        evolution     TEXT    NOT NULL,
+        generation    INTEGER NOT NULL,
+        task_id       TEXT    NOT NULL,
+        mode          TEXT    NOT NULL,
+        data          TEXT    NOT NULL  -- Diagnosis.model_dump_json()
+    )""",
+    "CREATE INDEX IF NOT EXISTS ix_diag_gen ON diagnoses (evolution, generation, mode)",
 )
 
 # Row columns besides `data`, in insert order; all of them are attributes of Trajectory.
@@ -213,6 +238,8 @@ class SQLiteTrajectoryStore:
                     f"this ratchet expects {SCHEMA_VERSION}",
                     "use a ratchet version matching the store or point to a new store file",
                 )
+            for statement in _DIAGNOSES:
+                conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -314,6 +341,39 @@ class SQLiteTrajectoryStore:
     def export_jsonl(self, path: str | os.PathLike[str], **filters: Unpack[TrajectoryFilters]) -> int:
         rows = self._iter(dict(filters))  # validates every row before it is written
         return _write_jsonl_atomically(Path(path), (t.model_dump_json() for t in rows))
+
+    # -- diagnoses
+
+    def put_diagnoses(self, diagnoses: Iterable[Diagnosis]) -> None:
+        rows = [
+            (d.trajectory_id, d.evolution, d.generation, d.task_id, d.mode, d.model_dump_json())
+            for d in diagnoses
+        ]
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "INSERT INTO diagnoses (trajectory_id, evolution, generation, task_id, mode, data) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(trajectory_id) DO UPDATE SET "
+                "evolution = excluded.evolution, generation = excluded.generation, "
+                "task_id = excluded.task_id, mode = excluded.mode, data = excluded.data",
+                rows,
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def diagnoses(
+        self, evolution: str, generation: int | None = None, mode: str | None = None
+    ) -> list[Diagnosis]:
+        sql, params = "SELECT data FROM diagnoses WHERE evolution = ?", [evolution]
+        if generation is not None:
+            sql, params = sql + " AND generation = ?", [*params, generation]
+        if mode is not None:
+            sql, params = sql + " AND mode = ?", [*params, mode]
+        rows = self._conn().execute(sql + " ORDER BY generation, task_id, trajectory_id", params)
+        return [Diagnosis.model_validate_json(r[0]) for r in rows]
 
 
 def _write_jsonl_atomically(path: Path, lines: Iterable[str]) -> int:

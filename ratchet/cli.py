@@ -7,20 +7,30 @@ as one line with exit code 2.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ratchet.config import Settings, load_settings
+from ratchet.cli_common import (
+    GLOBAL,
+    ConfigOpt,
+    DataDirOpt,
+    EndpointOpt,
+    GenOpt,
+    SuiteOpt,
+    console,
+    err,
+    guard,
+    load,
+)
+from ratchet.cli_library import failures, skills_app, tools_app
+from ratchet.config import Settings
 from ratchet.errors import RatchetError
-from ratchet.runtime_env import prepare_environment
 
 app = typer.Typer(
     help="Make LLM agents improve themselves from their own trajectories.",
@@ -34,21 +44,8 @@ suites_app = typer.Typer(
 traj_app = typer.Typer(help="Stored trajectories.", no_args_is_help=True)
 app.add_typer(suites_app, name="suites")
 app.add_typer(traj_app, name="trajectories")
-
-console = Console()
-err = Console(stderr=True)
-
-_global: dict[str, Any] = {}
-
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="TOML settings file (default ./ratchet.toml)")
-]
-DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="where all state lives")]
-SuiteOpt = Annotated[str | None, typer.Option("--suite", "-s", help="suite[:subset,...]")]
-EndpointOpt = Annotated[
-    str | None, typer.Option("--endpoint", help="OpenAI-compatible base URL; empty = embedded")
-]
-GenOpt = Annotated[int, typer.Option("--generation", "-g", min=0, help="generation number")]
+app.add_typer(skills_app, name="skills")
+app.add_typer(tools_app, name="tools")
 
 
 @app.callback()
@@ -61,7 +58,7 @@ def _options(
     seed: Annotated[int | None, typer.Option(help="base seed")] = None,
     concurrency: Annotated[int | None, typer.Option(help="rollouts in flight")] = None,
 ) -> None:
-    _global.update(
+    GLOBAL.update(
         config=config,
         data_dir=data_dir,
         suite=suite,
@@ -70,27 +67,6 @@ def _options(
         concurrency=concurrency,
         **{"model.endpoint": endpoint},
     )
-
-
-def _settings(**overrides: Any) -> Settings:
-    flat = {k: v for k, v in _global.items() if k != "config"} | overrides
-    settings = load_settings(flat, config_file=_global.get("config"))
-    prepare_environment(settings)
-    for noisy in ("mlflow", "alembic", "py4j", "httpx"):  # their INFO lines drown the progress bars
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    return settings
-
-
-@contextmanager
-def _guard() -> Iterator[None]:
-    try:
-        yield
-    except RatchetError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        err.print("interrupted: finished rollouts are stored; run the same command again to resume")
-        raise typer.Exit(130) from None
 
 
 @contextmanager
@@ -133,8 +109,8 @@ def serve(
     max_batch: Annotated[int, typer.Option(help="max sequences per batch")] = 8,
 ) -> None:
     """Run the embedded model server in the foreground (OpenAI-compatible, on 127.0.0.1)."""
-    with _guard():
-        settings = _settings()
+    with guard():
+        settings = load()
         from server.__main__ import main as server_main
         from server.launcher import check_port_free
 
@@ -154,8 +130,8 @@ def explore(
     k: Annotated[int | None, typer.Option("-k", help="rollouts per task")] = None,
 ) -> None:
     """Explore: k rollouts per train task, stored as trajectories (rerun = resume)."""
-    with _guard():
-        settings = _settings(**{"splits.train": train, "explore.rollouts_per_task": k})
+    with guard():
+        settings = load(**{"splits.train": train, "explore.rollouts_per_task": k})
         from flows.explore import explore as explore_flow
 
         result = _launch(explore_flow, settings, generation)
@@ -168,12 +144,37 @@ def evaluate(
     test: Annotated[int | None, typer.Option(help="test tasks per subset")] = None,
 ) -> None:
     """Evaluate the policy on the held-out test split (fixed seeds)."""
-    with _guard():
-        settings = _settings(**{"splits.test": test})
+    with guard():
+        settings = load(**{"splits.test": test})
         from flows.evaluate import evaluate as evaluate_flow
 
         result = _launch(evaluate_flow, settings, generation)
         _print_stages(settings, [result])
+
+
+@app.command()
+def diagnose(generation: GenOpt = 0) -> None:
+    """Diagnose every failed train rollout of a generation and cluster the failures (rerun = resume)."""
+    with guard():
+        settings = load()
+        from flows.diagnose import diagnose_flow
+
+        result = _launch(diagnose_flow, settings, generation)
+        _print_diagnose(result)
+
+
+@app.command()
+def distill(generation: GenOpt = 0) -> None:
+    """Distill skill, guardrail and tool candidates from a generation (after `diagnose`)."""
+    with guard():
+        settings = load()
+        from flows.distill import distill_flow
+
+        result = _launch(distill_flow, settings, generation)
+        _print_distill(result)
+
+
+app.command()(failures)
 
 
 @app.command()
@@ -183,19 +184,21 @@ def run(
     test: Annotated[int | None, typer.Option(help="test tasks per subset")] = None,
     k: Annotated[int | None, typer.Option("-k", help="rollouts per train task")] = None,
 ) -> None:
-    """Run one generation (today: explore + evaluate) and print its summary."""
-    with _guard():
-        settings = _settings(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
+    """Run one generation: explore, diagnose, distill, evaluate; then print its summary."""
+    with guard():
+        settings = load(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
         from flows.generation import generation_flow
 
         result = _launch(generation_flow, settings, generation)
+        _print_diagnose(result.diagnose)
+        _print_distill(result.distill)
         _print_stages(settings, [result.explore, result.evaluate], run_id=result.run_id)
 
 
 @app.command()
 def doctor() -> None:
     """Check the installation: Java, the shipped model, the suites."""
-    with _guard():
+    with guard():
         from server.weights import shipped_gguf
         from suites import available_suites, get_suite
 
@@ -209,7 +212,7 @@ def doctor() -> None:
 @suites_app.command("list")
 def suites_list() -> None:
     """List installed suites and their subsets."""
-    with _guard():
+    with guard():
         from suites import available_suites
 
         table = Table("suite", "default subsets", "plug-in")
@@ -230,10 +233,10 @@ def trajectories_list(
     limit: Annotated[int, typer.Option(help="rows to show")] = 50,
 ) -> None:
     """List stored trajectories (newest filters first: generation, split, task, outcome)."""
-    with _guard():
+    with guard():
         from memory.trajectory_store import open_store
 
-        settings = _settings()
+        settings = load()
         store = open_store(settings.trajectories_db)
         filters = {
             "evolution": settings.evolution,
@@ -266,10 +269,10 @@ def trajectories_list(
 @traj_app.command("show")
 def trajectories_show(trajectory_id: str) -> None:
     """Show one trajectory step by step."""
-    with _guard():
+    with guard():
         from memory.trajectory_store import open_store
 
-        store = open_store(_settings().trajectories_db)
+        store = open_store(load().trajectories_db)
         t = store.get(trajectory_id)
         if t is None:
             raise RatchetError(f"no trajectory {trajectory_id!r}", "see 'ratchet trajectories list'")
@@ -296,10 +299,10 @@ def trajectories_export(
     split: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Export trajectories as JSONL (one trajectory per line)."""
-    with _guard():
+    with guard():
         from memory.trajectory_store import open_store
 
-        settings = _settings()
+        settings = load()
         n = open_store(settings.trajectories_db).export_jsonl(
             path, evolution=settings.evolution, generation=generation, split=split
         )
@@ -342,6 +345,26 @@ def _print_stages(settings: Settings, results: list[Any], run_id: str | None = N
         soft_wrap=True,
     )
     console.print(f"browse: mlflow ui --backend-store-uri {settings.mlflow_uri}", soft_wrap=True)
+
+
+def _print_diagnose(result: Any) -> None:
+    modes = ", ".join(f"{m} {n}" for m, n in sorted(result.by_mode.items(), key=lambda kv: -kv[1]))
+    big = [c for c in result.clusters if c.size > 1]
+    console.print(
+        f"diagnosed {result.failures} failures ({result.diagnosed} new): {modes or 'none'}; "
+        f"{len(result.clusters)} clusters, {len(big)} with 2+ members · see `ratchet failures`",
+        soft_wrap=True,
+    )
+
+
+def _print_distill(result: Any) -> None:
+    table = Table("candidate", "kind", "family", "filed", "from", title="distilled candidates")
+    for c in result.candidates:
+        filed = "new" if c.result.action == "added" else f"merged ({c.result.into_status})"
+        table.add_row(c.result.name, c.skill.kind, c.skill.family, filed, f"{len(c.skill.provenance)} traj")
+    console.print(table)
+    for d in result.dropped:
+        console.print(f"[dim]dropped {d['job']}: {'; '.join(d['problems'])[:160]}[/]", highlight=False)
 
 
 def _terminate_gracefully(signum: int, frame: object) -> None:

@@ -55,11 +55,52 @@ class ExploreSettings(BaseModel):
     epsilon: float = Field(
         default=0.1, ge=0, le=1, description="chance to take a random valid action instead (explore only)"
     )
+    experts: bool = Field(
+        default=True,
+        description="also store the suite's reference solution per train task (kind 'expert': "
+        "used to diagnose and distill, never counted as the agent's success)",
+    )
 
 
 class EvaluateSettings(BaseModel):
     temperature: float = Field(default=0.0, ge=0, le=2, description="0 = greedy")
     rollouts_per_task: int = Field(default=1, ge=1)
+
+
+class TeacherSettings(BaseModel):
+    """The model that judges failures and writes skills; separate from the policy so a
+    stronger one can be plugged in. Empty endpoint/name = the policy's (the embedded model)."""
+
+    endpoint: str = Field(default="", description="OpenAI-compatible base URL; empty = the policy's")
+    name: str = Field(default="", description="model name; empty = the policy's")
+    api_key: SecretStr = Field(default=SecretStr("not-needed"), description="bearer token, if any")
+    timeout_s: float = Field(default=120.0, gt=0)
+    max_tokens: int = Field(default=192, gt=0, description="completion budget per answer")
+
+
+class DiagnoseSettings(BaseModel):
+    judge: bool = Field(default=True, description="ask the teacher for each failure's cause in words")
+    cluster_similarity: float = Field(
+        default=0.8, gt=0, le=1, description="cosine similarity for two diagnoses to share a cluster"
+    )
+    min_cluster: int = Field(default=3, ge=1, description="members a cluster needs to yield a guardrail")
+
+
+class DistillSettings(BaseModel):
+    teacher: bool = Field(default=True, description="let the teacher phrase skills and write function tools")
+    min_tasks: int = Field(default=2, ge=1, description="tasks an action pattern must recur in")
+    patterns: int = Field(default=4, ge=1, description="patterns per family shown to the distiller")
+    tools: int = Field(default=2, ge=0, description="macro tool candidates per family")
+    merge_similarity: float = Field(
+        default=0.92, gt=0, le=1, description="near-duplicates of an existing skill are merged into it"
+    )
+    tool_timeout_s: float = Field(default=5.0, gt=0, description="sandbox wall-clock limit per tool call")
+    tool_memory_mb: int = Field(default=256, ge=32, description="sandbox memory limit per tool call")
+
+
+class SkillSettings(BaseModel):
+    k: int = Field(default=3, ge=0, description="promoted skills shown per task (most relevant first)")
+    token_budget: int = Field(default=400, ge=0, description="prompt tokens the shown skills may take")
 
 
 class SplitSizes(BaseModel):
@@ -99,6 +140,10 @@ class Settings(BaseSettings):
     splits: SplitSizes = Field(default_factory=SplitSizes)
     explore: ExploreSettings = Field(default_factory=ExploreSettings)
     evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings)
+    teacher: TeacherSettings = Field(default_factory=TeacherSettings)
+    diagnose: DiagnoseSettings = Field(default_factory=DiagnoseSettings)
+    distill: DistillSettings = Field(default_factory=DistillSettings)
+    skills: SkillSettings = Field(default_factory=SkillSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -119,6 +164,14 @@ class Settings(BaseSettings):
     @property
     def trajectories_db(self) -> Path:
         return self.data_dir / "trajectories.db"
+
+    @property
+    def skills_dir(self) -> Path:
+        return self.data_dir / "skills"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "index"
 
     @property
     def mlflow_uri(self) -> str:

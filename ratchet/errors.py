@@ -41,3 +41,11 @@ class PortInUseError(RatchetError):
 
 class TransientModelError(Exception):
     """A model call that may succeed when retried (timeouts, 5xx, dropped connections)."""
+
+
+class SkillFileError(RatchetError):
+    """A SKILL.md (or its tool files) is malformed, or its content no longer matches its hash."""
+
+
+class SkillStateError(RatchetError):
+    """A lifecycle change that is not allowed (wrong status, unknown skill, lost a race)."""

@@ -82,6 +82,8 @@ class Trajectory(BaseModel):
     instruction: str = ""
     steps: list[Step] = Field(default_factory=list)
     status: Literal["finished", "error"] = "finished"
+    done: bool = Field(default=False, description="the environment ended the episode (vs. budget or error)")
+    max_steps: int = Field(default=0, description="the step budget it had (0 = unknown)")
     success: bool = False
     score: float = 0.0
     error: str | None = None
@@ -171,3 +173,66 @@ class Policy(BaseModel):
             },
             length=12,
         )
+
+
+# ------------------------------------------------------------------ diagnosis
+
+FailureMode = Literal[
+    "environment_error",  # the rollout crashed (our code or the environment), not the policy's fault
+    "wrong_answer",  # the episode ended with a wrong final answer or a losing move
+    "premature_stop",  # ended (or answered) before doing the work successful rollouts did
+    "invalid_action",  # most actions were rejected (unknown tool, bad arguments, illegal move)
+    "tool_error",  # a policy tool failed
+    "stagnation",  # repeated action or state loop
+    "budget_exhausted",  # ran out of steps without a loop or error to blame
+    "unknown",
+]
+TOOL_ERROR = "tool error"  # prefix of a step error caused by a policy tool (the actor writes it)
+FAILURE_MODES: tuple[FailureMode, ...] = FailureMode.__args__  # type: ignore[attr-defined]
+
+
+class Signal(BaseModel):
+    """One cheap observation about a failed trajectory, with the step it points at."""
+
+    mode: FailureMode
+    step: int | None = None
+    evidence: str = ""
+
+
+class Attribution(BaseModel):
+    """Where a failure left every successful path of the same task (first divergence)."""
+
+    step: int = Field(description="index of the first step no successful trajectory took from there")
+    taken: str = Field(description="the normalized action the failure took at that step")
+    alternatives: list[str] = Field(description="what successful trajectories did instead, most common first")
+    support: int = Field(description="how many successful trajectories shared the prefix up to that step")
+    references: int = Field(description="successful trajectories of the task compared against")
+
+
+class Diagnosis(BaseModel):
+    """Why a trajectory failed: a mode from the fixed taxonomy, the first bad step, evidence."""
+
+    trajectory_id: str
+    evolution: str
+    generation: int
+    task_id: str
+    subset: str
+    mode: FailureMode
+    step: int | None = Field(default=None, description="first step that went wrong, if known")
+    signals: list[Signal] = Field(default_factory=list)
+    attribution: Attribution | None = None
+    cause: str = Field(default="", description="the judge's cause in words ('' without a judge)")
+    judge: str = Field(default="", description="model that wrote `cause`")
+    cluster: str | None = Field(default=None, description="failure cluster id, once clustered")
+
+    def summary(self) -> str:
+        """The text embedded for clustering: mode, where, what instead; never raw observations."""
+        parts = [self.mode.replace("_", " ")]
+        if self.attribution is not None:
+            a = self.attribution
+            alt = f"; successful runs did {a.alternatives[0]!r}" if a.alternatives else ""
+            parts.append(f"took {a.taken!r} at step {a.step}{alt}")
+        parts.extend(s.evidence for s in self.signals[:2] if s.evidence)
+        if self.cause:
+            parts.append(self.cause)
+        return f"{self.subset}: " + "; ".join(parts)

@@ -159,7 +159,7 @@ def test_skills_enter_the_system_prompt_and_tools_are_bound_and_run():
     tool = ToolSpec(name="peek", description="look at the counter", parameters={"type": "object"})
 
     class Runner:
-        def call(self, name, args):  # type: ignore[no-untyped-def]
+        def call(self, name, args, task):  # type: ignore[no-untyped-def]
             return f"ran {name}"
 
     policy = Policy(model="m", skills=(skill,), tools=(tool,))

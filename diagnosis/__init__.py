@@ -1,0 +1,1 @@
+"""Failure diagnosis: cheap signals, contrastive attribution, clusters."""

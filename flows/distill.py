@@ -1,0 +1,205 @@
+"""Prefect flow `distill`: a generation's trajectories and diagnoses become skill candidates.
+
+Per task family (suite:subset) of the train split:
+
+* procedures — mined action patterns of successful trajectories (agent and expert),
+  written up by the `distiller`;
+* guardrails — one per failure cluster with at least `diagnose.min_cluster` members;
+* tools — the best patterns as parameterized macros, and for question-answer families a
+  teacher-written function, by the `toolsmith`, tested in the sandbox.
+
+Every candidate passes the injection screen built from the family's trajectories and keeps
+the ids of the trajectories it came from. Candidates are filed in the skill library, where
+near-duplicates merge: rerunning `distill` on the same generation adds nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlflow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from agents.distiller import GuardrailJob, ProcedureJob, build_distiller, render_body, slug
+from agents.toolsmith import FunctionJob, MacroJob, build_toolsmith
+from diagnosis.attribution import action_path
+from flows import tracking
+from flows.progress import report
+from flows.rollouts import retry_transient
+from flows.runtime import LoopRuntime, open_runtime
+from ratchet.config import Settings
+from ratchet.types import Trajectory
+from skills.format import Skill, render
+from skills.library import AddResult
+from skills.mining import mine_patterns
+from skills.screen import Screen
+
+
+@dataclass
+class Candidate:
+    skill: Skill
+    result: AddResult
+
+
+@dataclass
+class DistillResult:
+    candidates: list[Candidate] = field(default_factory=list)
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # what the screen or the tests refused
+
+    def counts(self) -> dict[str, int]:
+        added = Counter(c.skill.kind for c in self.candidates if c.result.action == "added")
+        return {
+            **{f"distill_{k}_candidates": added.get(k, 0) for k in ("procedure", "guardrail", "tool")},
+            "distill_merged": sum(c.result.action == "merged" for c in self.candidates),
+            "distill_dropped": len(self.dropped),
+        }
+
+
+@task(
+    name="distill-job",
+    retries=3,
+    retry_delay_seconds=[2, 5, 15],
+    retry_condition_fn=retry_transient,
+    cache_policy=NO_CACHE,
+    task_run_name="{label}",
+)
+def graph_task(graph: Any, state: dict[str, Any], label: str) -> dict[str, Any]:
+    """One distiller or toolsmith run (a teacher call inside, retried when transient)."""
+    return graph.invoke(state, config={"run_name": label})
+
+
+def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
+    s = rt.settings
+    assert rt.library is not None
+    rows = rt.store.query(evolution=s.evolution, generation=generation, split="train")
+    families: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in rows:
+        families[f"{t.suite}:{t.subset}"].append(t)
+    clusters: dict[str, list] = defaultdict(list)
+    for d in rt.store.diagnoses(s.evolution, generation):
+        if d.cluster is not None:
+            clusters[d.cluster].append(d)
+    teacher = rt.teacher if s.distill.teacher else None
+    distiller, toolsmith = build_distiller(teacher), build_toolsmith(teacher)
+    out = DistillResult()
+    jobs: list[tuple[str, Any, dict[str, Any]]] = []
+    for family, trajs in sorted(families.items()):
+        screen = Screen.from_trajectories(trajs)
+        wins = [t for t in trajs if t.success and t.status == "finished"]
+        patterns = mine_patterns(wins, min_tasks=s.distill.min_tasks, top=s.distill.patterns)
+        if patterns:
+            ids = sorted({i for p in patterns for i in p.trajectory_ids})
+            lengths = [len(action_path(t)) for t in wins]
+            job = ProcedureJob(family, patterns, lengths, ids)
+            jobs.append((f"procedure {family}", distiller, {"job": job, "screen": screen}))
+        for cid, members in sorted(clusters.items()):
+            if members[0].task_id.rsplit(":", 2)[0] == family and len(members) >= s.diagnose.min_cluster:
+                job = GuardrailJob(family, members[0].mode, members)
+                jobs.append((f"guardrail {cid}", distiller, {"job": job, "screen": screen}))
+        for p in [p for p in patterns if p.params][: s.distill.tools]:
+            verbs = [next(iter(a.args.values()), a.tool).split()[0] for a in p.actions]
+            job = MacroJob(slug(p.family.split(":", 1)[-1], "macro", *verbs[:4]), p)
+            jobs.append((f"macro {family}", toolsmith, {"job": job, "screen": screen}))
+        if teacher is not None and (fjob := function_job(family, wins)) is not None:
+            jobs.append((f"function {family}", toolsmith, {"job": fjob, "screen": screen}))
+    report("distill", 0, len(jobs))
+    futures = [(label, graph_task.submit(graph, state, label)) for label, graph, state in jobs]
+    for n, (label, future) in enumerate(futures, 1):
+        final = future.result()
+        skill = to_skill(final, s.evolution, generation)
+        if skill is None:
+            out.dropped.append({"job": label, "problems": final.get("problems", [])})
+        else:
+            out.candidates.append(Candidate(skill, rt.library.add(skill)))
+        report("distill", n, len(jobs))
+    if mlflow.active_run() is not None:
+        _log(out)
+    return out
+
+
+def to_skill(final: dict[str, Any], evolution: str, generation: int) -> Skill | None:
+    """The Skill a finished distiller/toolsmith state describes, or None if it was dropped."""
+    job = final["job"]
+    if isinstance(job, ProcedureJob | GuardrailJob):
+        written = final.get("final")
+        if written is None:
+            return None
+        return Skill(
+            name=written.name,
+            description=written.description,
+            body=render_body(written, job.kind),
+            kind=job.kind,
+            family=job.family,
+            evolution=evolution,
+            generation=generation,
+            provenance=job.trajectory_ids,
+        )
+    tool = final.get("tool")
+    if tool is None:
+        return None
+    family = job.pattern.family if isinstance(job, MacroJob) else job.family
+    ids = list(job.pattern.trajectory_ids) if isinstance(job, MacroJob) else job.trajectory_ids
+    params = ", ".join(tool.parameters.get("properties", {})) or "no arguments"
+    how = "plays its actions as one step" if tool.kind == "macro" else "returns a value"
+    return Skill(
+        name=job.name,
+        description=final["description"],
+        body=f"A {tool.kind} tool: call `{job.name}` ({params}); it {how}. The code is in scripts/tool.py.",
+        kind="tool",
+        family=family,
+        evolution=evolution,
+        generation=generation,
+        provenance=ids,
+        tool=tool,
+    )
+
+
+def function_job(family: str, wins: list[Trajectory]) -> FunctionJob | None:
+    """Question-answer families: each solved task ends with a one-argument answer of its own."""
+    examples: dict[str, tuple[str, str, str]] = {}
+    for t in wins:
+        last = t.steps[-1] if t.steps else None
+        if last is None or last.tool_call is None or len(last.tool_call.args) != 1:
+            continue
+        answer = str(next(iter(last.tool_call.args.values())))
+        examples.setdefault(t.task_id, (t.instruction, answer, t.id))
+    answers = {a for _, a, _ in examples.values()}
+    if len(examples) < 2 or len(answers) < len(examples):
+        return None  # too few, or the same final action everywhere: an environment move, not an answer
+    pairs = [(q, a) for q, a, _ in examples.values()]
+    name = slug(family.split(":", 1)[-1], "solver")
+    return FunctionJob(name, family, pairs, [i for _, _, i in examples.values()])
+
+
+def _log(result: DistillResult) -> None:
+    mlflow.log_metrics(result.counts())
+    for c in result.candidates:
+        base = f"skills/{c.result.name}/{c.skill.content_hash}"
+        mlflow.log_text(render(c.skill.model_copy(update={"name": c.result.name})), f"{base}/SKILL.md")
+        if c.skill.tool is not None:
+            mlflow.log_text(c.skill.tool.code, f"{base}/scripts/tool.py")
+    summary = {
+        "candidates": [
+            {
+                "name": c.result.name,
+                "kind": c.skill.kind,
+                "family": c.skill.family,
+                "action": c.result.action,
+                "status": c.result.into_status,
+                "provenance": len(c.skill.provenance),
+            }
+            for c in result.candidates
+        ],
+        "dropped": result.dropped,
+    }
+    mlflow.log_text(json.dumps(summary, indent=2), "distill/summary.json")
+
+
+@flow(name="distill", validate_parameters=False)
+def distill_flow(settings: Settings, generation: int = 0, base_url: str | None = None) -> DistillResult:
+    with open_runtime(settings, base_url) as rt, tracking.generation_run(settings, generation):
+        return distill_stage(rt, generation)

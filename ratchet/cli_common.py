@@ -1,0 +1,54 @@
+"""What every CLI module shares: the consoles, the global options, settings and the error guard."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ratchet.config import Settings, load_settings
+from ratchet.errors import RatchetError
+from ratchet.runtime_env import prepare_environment
+
+console = Console()
+err = Console(stderr=True)
+
+GLOBAL: dict[str, Any] = {}
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML settings file (default ./ratchet.toml)")
+]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="where all state lives")]
+SuiteOpt = Annotated[str | None, typer.Option("--suite", "-s", help="suite[:subset,...]")]
+EndpointOpt = Annotated[
+    str | None, typer.Option("--endpoint", help="OpenAI-compatible base URL; empty = embedded")
+]
+GenOpt = Annotated[int, typer.Option("--generation", "-g", min=0, help="generation number")]
+
+
+def load(**overrides: Any) -> Settings:
+    """Settings from ratchet.toml < RATCHET_* environment < global flags < these overrides."""
+    flat = {k: v for k, v in GLOBAL.items() if k != "config"} | overrides
+    settings = load_settings(flat, config_file=GLOBAL.get("config"))
+    prepare_environment(settings)
+    for noisy in ("mlflow", "alembic", "py4j", "httpx"):  # their INFO lines drown the progress bars
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return settings
+
+
+@contextmanager
+def guard() -> Iterator[None]:
+    """Print a RatchetError as one `error:` line (exit 2); Ctrl-C as one line (exit 130)."""
+    try:
+        yield
+    except RatchetError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted: finished rollouts are stored; run the same command again to resume")
+        raise typer.Exit(130) from None

@@ -1,0 +1,1 @@
+"""Skill format and library lifecycle, the MCP toolbox and its sandbox."""

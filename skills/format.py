@@ -1,0 +1,219 @@
+"""The skill format: SKILL.md in the agentskills.io layout, plus ratchet's metadata.
+
+    <library>/<name>/SKILL.md          front matter (name, description, metadata) + body
+    <library>/<name>/scripts/tool.py   tools only: the code, run in the sandbox
+    <library>/<name>/scripts/tool.json tools only: {"entry", "kind", "parameters"}
+
+agentskills.io front matter has `name` (lowercase letters, digits, hyphens; at most 64
+characters), `description` (at most 1024) and a `metadata` map of strings; ratchet keeps
+its fields there under `ratchet-*` keys so other skill readers still load the file.
+`ratchet-content-hash` covers everything that changes behaviour (name, description, body,
+tool code and spec), not the lifecycle fields: a file whose content was edited after it
+was written is refused on load rather than silently used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ratchet.errors import SkillFileError
+from ratchet.hashing import content_hash
+from ratchet.types import SkillText, ToolSpec
+
+SkillKind = Literal["procedure", "guardrail", "tool"]
+SkillStatus = Literal["candidate", "verified", "promoted", "retired", "rejected"]
+ToolKind = Literal["macro", "function"]
+
+# The only moves a skill's status can make (shared/DESIGN.md); `verified → rejected` is the
+# set-level check catching candidates that conflict, or a person saying no.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "candidate": frozenset({"verified", "rejected"}),
+    "verified": frozenset({"promoted", "rejected"}),
+    "promoted": frozenset({"retired"}),
+    "retired": frozenset(),
+    "rejected": frozenset(),
+}
+
+NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+NAME_MAX, DESCRIPTION_MAX, BODY_MAX = 64, 1024, 8000
+FILE = "SKILL.md"
+
+
+class ToolSource(BaseModel):
+    """A distilled tool: code with an entry function, and the JSON schema of its parameters.
+
+    `macro` tools return a list of environment actions ({"tool", "args"}) that the actor
+    plays in order; `function` tools return a value that becomes the observation.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: ToolKind
+    entry: str = "run"
+    parameters: dict[str, Any]
+    code: str
+
+
+class Skill(BaseModel):
+    """One skill (procedure, guardrail or tool) with its provenance and lifecycle status."""
+
+    name: str
+    description: str
+    body: str
+    kind: SkillKind
+    status: SkillStatus = "candidate"
+    family: str = Field(description="'<suite>:<subset>' it was distilled for")
+    evolution: str
+    generation: int
+    provenance: list[str] = Field(default_factory=list, description="trajectory ids it came from")
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    tool: ToolSource | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if len(v) > NAME_MAX or not NAME_RE.match(v):
+            raise ValueError(f"name {v!r} must be lowercase letters, digits and hyphens, at most {NAME_MAX}")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str) -> str:
+        if not v.strip() or len(v) > DESCRIPTION_MAX:
+            raise ValueError(f"description must be 1-{DESCRIPTION_MAX} characters")
+        return v
+
+    @field_validator("body")
+    @classmethod
+    def _body(cls, v: str) -> str:
+        if len(v) > BODY_MAX:
+            raise ValueError(f"body is longer than {BODY_MAX} characters")
+        return v
+
+    @property
+    def content_hash(self) -> str:
+        return skill_hash(self.name, self.description, self.body, self.tool)
+
+    def text(self) -> SkillText:
+        """What the actor's prompt shows (procedures and guardrails)."""
+        return SkillText(name=self.name, description=self.description, body=self.body)
+
+    def tool_spec(self) -> ToolSpec:
+        if self.tool is None:
+            raise ValueError(f"skill {self.name!r} is not a tool")
+        return ToolSpec(name=self.name, description=self.description, parameters=self.tool.parameters)
+
+
+def skill_hash(name: str, description: str, body: str, tool: ToolSource | None) -> str:
+    return content_hash([name, description, body.strip(), tool.model_dump() if tool else None], length=16)
+
+
+# ------------------------------------------------------------------ files
+
+
+def render(skill: Skill) -> str:
+    """SKILL.md text for a skill."""
+    meta = {
+        "ratchet-kind": skill.kind,
+        "ratchet-status": skill.status,
+        "ratchet-family": skill.family,
+        "ratchet-evolution": skill.evolution,
+        "ratchet-generation": str(skill.generation),
+        "ratchet-provenance": " ".join(skill.provenance),
+        "ratchet-created-at": skill.created_at.isoformat(),
+        "ratchet-content-hash": skill.content_hash,
+    }
+    front = {"name": skill.name, "description": skill.description, "metadata": meta}
+    head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=1000)
+    return f"---\n{head}---\n\n{skill.body.strip()}\n"
+
+
+def write_files(skill: Skill, directory: Path) -> None:
+    """Write SKILL.md (and the tool's scripts) into `directory`; the caller makes it atomic."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if skill.tool is not None:
+        scripts = directory / "scripts"
+        scripts.mkdir(exist_ok=True)
+        (scripts / "tool.py").write_text(skill.tool.code, encoding="utf-8")
+        spec = {"kind": skill.tool.kind, "entry": skill.tool.entry, "parameters": skill.tool.parameters}
+        (scripts / "tool.json").write_text(json.dumps(spec, indent=2, sort_keys=True), encoding="utf-8")
+    (directory / FILE).write_text(render(skill), encoding="utf-8")
+
+
+def load(directory: Path) -> Skill:
+    """Read and check a skill directory; any problem is one SkillFileError line."""
+    path = directory / FILE
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SkillFileError(
+            f"cannot read {where}: {exc.strerror}", "restore the file or remove the skill"
+        ) from None
+    match = re.match(r"^---\n(.*?)\n---\n(.*)$", text, re.S)
+    if match is None:
+        raise SkillFileError(f"{where} has no YAML front matter", "start the file with a '---' block")
+    try:
+        front = yaml.safe_load(match.group(1))
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        at = f" (line {line + 2})" if line is not None else ""
+        raise SkillFileError(
+            f"{where} has malformed front matter{at}", "fix the YAML between the '---' lines"
+        ) from None
+    if not isinstance(front, dict):
+        raise SkillFileError(
+            f"{where} front matter is not a mapping", "write 'name:' and 'description:' keys"
+        )
+    meta = front.get("metadata") or {}
+    missing = [k for k in ("name", "description") if not front.get(k)]
+    missing += [k for k in ("ratchet-kind", "ratchet-family", "ratchet-content-hash") if not meta.get(k)]
+    if missing:
+        raise SkillFileError(f"{where} is missing {', '.join(missing)}", "regenerate it with ratchet distill")
+    try:
+        skill = Skill(
+            name=str(front["name"]),
+            description=str(front["description"]),
+            body=match.group(2).strip(),
+            kind=meta["ratchet-kind"],
+            status=meta.get("ratchet-status", "candidate"),
+            family=str(meta["ratchet-family"]),
+            evolution=str(meta.get("ratchet-evolution", "")),
+            generation=int(meta.get("ratchet-generation", 0)),
+            provenance=str(meta.get("ratchet-provenance", "")).split(),
+            created_at=meta.get("ratchet-created-at") or datetime.now(UTC),
+            tool=_load_tool(directory) if meta["ratchet-kind"] == "tool" else None,
+        )
+    except (ValidationError, ValueError) as exc:
+        first = str(exc).splitlines()
+        detail = first[2].strip() if isinstance(exc, ValidationError) and len(first) > 2 else first[0]
+        raise SkillFileError(
+            f"{where} is invalid: {detail}", "fix the field or regenerate the skill"
+        ) from None
+    if skill.name != directory.name:
+        raise SkillFileError(
+            f"{where} names itself {skill.name!r}", "rename the folder or the skill to match"
+        )
+    if skill.content_hash != meta["ratchet-content-hash"]:
+        raise SkillFileError(
+            f"{where} was changed after it was written (content hash mismatch)",
+            "restore it, or distill a new candidate instead of editing one",
+        )
+    return skill
+
+
+def _load_tool(directory: Path) -> ToolSource:
+    scripts = directory / "scripts"
+    try:
+        spec = json.loads((scripts / "tool.json").read_text(encoding="utf-8"))
+        code = (scripts / "tool.py").read_text(encoding="utf-8")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"tool files unreadable: {exc}") from None
+    return ToolSource(code=code, **spec)
