@@ -108,8 +108,9 @@ def build_actor(llm: BaseChatModel) -> Any:
             step.message = str(msg.content or "")
             step.tool_call = ToolCall(name=first["name"], args=first["args"])
             ctx.pending = step
-            # keep one call per turn so every call in history has its tool result
-            return {"messages": [AIMessage(content=msg.content, tool_calls=[first], id=msg.id)]}
+            # keep one call per turn so every call in history has its tool result; a fresh message
+            # id, so a reply that repeats an id never replaces an earlier turn in the history
+            return {"messages": [AIMessage(content=msg.content, tool_calls=[first])]}
         except Exception as exc:
             step.error = f"{type(exc).__name__}: {exc}"
             raise

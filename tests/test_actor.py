@@ -232,3 +232,55 @@ def test_history_is_trimmed_in_blocks_so_prompts_extend_each_other():
     # the start only moves every 5 steps: in between, each prompt extends the previous one
     changes = [n for n in range(1, 31) if starts[n] != starts[n - 1]]
     assert changes == [11, 16, 21, 26]
+
+
+class PlanRunner:
+    """A tool runner whose one tool is a macro: it returns environment actions to play."""
+
+    def __init__(self, plan):  # type: ignore[no-untyped-def]
+        self.plan = plan
+
+    def call(self, name, args, task):  # type: ignore[no-untyped-def]
+        if self.plan is None:
+            from skills.toolbox import ToolFailure
+
+            raise ToolFailure("tool timed out after 5.0 s")
+        return self.plan
+
+
+MACRO = ToolSpec(name="up-twice", description="go up twice", parameters={"type": "object"})
+
+
+def test_a_macro_plays_its_actions_as_one_step_and_can_win():
+    up = ToolCall(name="act", args={"action": "up"})
+    traj, _ = play(
+        [call("up-twice")], policy=Policy(model="m", tools=(MACRO,)), tool_runner=PlanRunner([up, up])
+    )
+    assert traj.success and traj.n_steps == 1
+    assert traj.steps[0].tool_result == "> up\nvalue 1\n> up\nvalue 2"
+    assert traj.steps[0].reward == 2.0 and traj.steps[0].error is None
+
+
+def test_a_macro_stops_at_a_refused_action_and_a_failing_tool_is_a_tool_error():
+    up, bad = ToolCall(name="act", args={"action": "up"}), ToolCall(name="act", args={"action": "fly"})
+    policy = Policy(model="m", tools=(MACRO,))
+    traj, _ = play(
+        [call("up-twice"), call("act", action="up")], policy=policy, tool_runner=PlanRunner([up, bad, up])
+    )
+    assert traj.success and traj.steps[0].tool_result.endswith("(macro stopped: 'fly' was refused)")
+    traj, llm = play([call("up-twice")] * 2, policy=policy, tool_runner=PlanRunner(None), max_steps=2)
+    assert [s.error for s in traj.steps] == ["tool error: up-twice: tool timed out after 5.0 s"] * 2
+    assert "tool timed out" in llm.calls[1]["messages"][-1].content  # the model saw why
+    first_refused = PlanRunner([bad, up])
+    traj, _ = play([call("up-twice")], policy=policy, tool_runner=first_refused, max_steps=1)
+    assert traj.steps[0].error.startswith("tool error: up-twice: 'fly' was refused")
+
+
+def test_only_the_skills_chosen_for_the_task_are_shown():
+    a = SkillText(name="a-skill", description="x", body="Body of A.")
+    b = SkillText(name="b-skill", description="y", body="Body of B.")
+    llm = ScriptedChatModel(script=[call("act", action="up"), call("act", action="up")])
+    policy = Policy(model="m", skills=(a, b))
+    run_rollout(build_actor(llm), SUITE, SLOT, policy, ActorSettings(max_steps=5), skills=(b,))
+    system = llm.calls[0]["messages"][0].content
+    assert "Body of B." in system and "Body of A." not in system

@@ -68,8 +68,11 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
     result = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
 
     store = open_store(settings.trajectories_db)
-    trajs = store.query(evolution="default", generation=0)
+    everything = store.query(evolution="default", generation=0)
+    trajs = [t for t in everything if t.kind == "agent"]
     assert sorted(t.split for t in trajs) == ["test", "train", "train"]
+    experts = [t for t in everything if t.kind == "expert"]
+    assert len(experts) == 1 and experts[0].success and experts[0].split == "train"  # both suites know one
     assert all(t.status == "finished" and 1 <= t.n_steps <= 3 for t in trajs), [t.error for t in trajs]
     assert all(s.tool_call is not None for t in trajs for s in t.steps if s.source == "model" and not s.error)
     assert all(t.policy_version == result.explore.policy_version for t in trajs)
@@ -91,14 +94,23 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
         assert key in run.data.metrics, key
     assert run.data.metrics["test_success"] == float(result.evaluate.report.success_rate)
     assert run.data.params["policy_version"] == result.explore.policy_version
-    assert run.data.params["suite"] == suite and run.data.params["experts_used"] == "False"
+    assert run.data.params["suite"] == suite and run.data.params["experts_used"] == "True"
+    # diagnose: one diagnosis per failed train rollout; distill: its summary, candidates with provenance
+    failed = {t.id for t in train if not t.success}
+    assert {d.trajectory_id for d in store.diagnoses("default", 0)} == failed
+    assert run.data.metrics["diagnose_failures"] == len(failed) == result.diagnose.failures
+    assert "distill_procedure_candidates" in run.data.metrics
+    for c in result.distill.candidates:
+        assert c.skill.provenance and set(c.skill.provenance) <= {t.id for t in everything}
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["ratchet.kind"] == "evolution"
-    artifacts = {f.path for d in ("plots", "samples") for f in client.list_artifacts(result.run_id, d)}
+    folders = ("plots", "samples", "distill")
+    artifacts = {f.path for d in folders for f in client.list_artifacts(result.run_id, d)}
     assert {
         "plots/explore_success_by_task.png",
         "plots/evaluate_success_by_task.png",
         "samples/explore_trajectories.jsonl",
+        "distill/summary.json",
     } <= artifacts
 
     if traced:  # LangGraph spans reach MLflow through autolog
@@ -109,7 +121,7 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
         assert traces and any("model" in {s.name for s in t.data.spans} for t in traces)
 
     # Rerun: every rollout is already stored, so nothing is played again; same MLflow run.
-    before = {t.id: t.created_at for t in trajs}
+    before = {t.id: t.created_at for t in everything}
     again = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
     assert again.run_id == result.run_id
     assert again.explore.report.skipped == 2 and again.evaluate.report.skipped == 1
