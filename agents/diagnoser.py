@@ -46,6 +46,7 @@ class DiagnoserState(TypedDict, total=False):
     signals: list[Signal]
     attribution: Attribution | None
     cause: str
+    judge: str  # the model that wrote `cause`
 
 
 def build_diagnoser(judge: BaseChatModel | None = None, judge_name: str = "") -> Any:
@@ -62,7 +63,8 @@ def build_diagnoser(judge: BaseChatModel | None = None, judge_name: str = "") ->
     def ask_judge(state: DiagnoserState) -> dict[str, Any]:
         assert judge is not None
         verdict = ask_json(judge, judge_messages(state), Judgement, temperature=0.0)
-        return {"cause": " ".join(verdict.cause.split()) if verdict else ""}
+        cause = " ".join(verdict.cause.split()) if verdict else ""
+        return {"cause": cause, "judge": judge_name if cause else ""}
 
     graph = StateGraph(DiagnoserState)
     graph.add_node("signals", find_signals)
@@ -75,9 +77,7 @@ def build_diagnoser(judge: BaseChatModel | None = None, judge_name: str = "") ->
         graph.add_edge("judge", END)
     else:
         graph.add_edge("attribute", END)
-    compiled = graph.compile(name="diagnoser")
-    compiled.judge_name = judge_name if judge is not None else ""  # type: ignore[attr-defined]
-    return compiled
+    return graph.compile(name="diagnoser")
 
 
 def diagnose(diagnoser: Any, failure: Trajectory, successes: list[Trajectory]) -> Diagnosis:
@@ -104,7 +104,7 @@ def diagnose(diagnoser: Any, failure: Trajectory, successes: list[Trajectory]) -
         signals=found,
         attribution=attribution,
         cause=cause,
-        judge=getattr(diagnoser, "judge_name", "") if cause else "",
+        judge=out.get("judge", ""),
     )
 
 

@@ -130,7 +130,7 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                 )
                 rt = LoopRuntime(settings, suite, store, url, build_actor(llm))
                 rt.teacher = teacher_model(settings, url)
-                rt.library = SkillLibrary(settings.skills_dir, settings.distill.merge_similarity)
+                rt.library = open_library(settings)
                 rt.retriever = SkillRetriever(VectorIndex(settings.index_dir, "skills-live"))
                 rt.use_tools(rt.library.list(status="promoted", kind="tool"))
                 yield rt
@@ -138,6 +138,10 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                 store.close()
     finally:
         suite.close()
+
+
+def open_library(settings: Settings) -> SkillLibrary:
+    return SkillLibrary(settings.skills_dir, settings.index_dir, settings.distill.merge_similarity)
 
 
 def teacher_model(settings: Settings, policy_url: str) -> BaseChatModel:

@@ -23,10 +23,10 @@ StatusOpt = Annotated[
 
 
 def _library():  # type: ignore[no-untyped-def]
-    from skills.library import SkillLibrary
+    from flows.runtime import open_library
 
     settings = load()
-    return settings, SkillLibrary(settings.skills_dir, settings.distill.merge_similarity)
+    return settings, open_library(settings)
 
 
 def failures(

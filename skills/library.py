@@ -2,7 +2,7 @@
 
     <data_dir>/skills/<name>/SKILL.md (+ scripts/)   one folder per skill
     <data_dir>/skills/audit.jsonl                    every status change: who, when, why, evidence
-    <data_dir>/skills/.index/                        Chroma collection over descriptions and bodies
+    <data_dir>/index/                                Chroma collection `skills` (name, description, body)
 
 Status moves only along `TRANSITIONS`; each change rewrites the SKILL.md atomically and
 appends an audit record, under an exclusive `flock` on the library, so two concurrent
@@ -60,16 +60,19 @@ class AddResult:
 class SkillLibrary:
     """Skills on disk plus their index. One writer process at a time (Chroma's rule too)."""
 
-    def __init__(self, root: Path, merge_similarity: float = MERGE_SIMILARITY) -> None:
+    def __init__(
+        self, root: Path, index_dir: Path | None = None, merge_similarity: float = MERGE_SIMILARITY
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.index_dir = index_dir or self.root / ".index"
         self.merge_similarity = merge_similarity
         self._index: VectorIndex | None = None
 
     @property
     def index(self) -> VectorIndex:
         if self._index is None:  # opened on first use: listing skills needs no embedding model
-            self._index = VectorIndex(self.root / ".index", "skills")
+            self._index = VectorIndex(self.index_dir, "skills")
         return self._index
 
     # -- reading

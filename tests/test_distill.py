@@ -252,7 +252,7 @@ def _runtime(tmp_path: Path, teacher: Any) -> LoopRuntime:
     settings = load_settings({"data_dir": tmp_path, "evolution": "e"})
     store = open_store(settings.trajectories_db)
     rt = LoopRuntime(settings, suite=None, store=store, base_url="", actor=None, teacher=teacher)  # type: ignore[arg-type]
-    rt.library = SkillLibrary(settings.skills_dir)
+    rt.library = SkillLibrary(settings.skills_dir, settings.index_dir)
     return rt
 
 

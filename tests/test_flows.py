@@ -63,6 +63,7 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
             "max_steps": 3,
             "concurrency": 2,
             "trace_sample_rate": 1.0 if traced else 0.0,
+            "diagnose.min_cluster": 1,  # every failure cluster yields a guardrail candidate
         }
     )
     result = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
@@ -102,6 +103,10 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
     assert "distill_procedure_candidates" in run.data.metrics
     for c in result.distill.candidates:
         assert c.skill.provenance and set(c.skill.provenance) <= {t.id for t in everything}
+    if failed:  # the real teacher judged them and the distiller wrote (or drafted) a guardrail
+        assert any(c.skill.kind == "guardrail" for c in result.distill.candidates), result.distill.dropped
+        skills_dir = settings.skills_dir
+        assert any(skills_dir.glob("*/SKILL.md"))
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["ratchet.kind"] == "evolution"
     folders = ("plots", "samples", "distill")

@@ -379,7 +379,7 @@ def test_sqlite_file_layout(tmp_path: Path) -> None:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert tables == {"trajectories", "schema_version"}  # steps live only in the JSON column
+        assert tables == {"trajectories", "schema_version", "diagnoses"}  # steps: only in the JSON column
         columns = {r[1] for r in db.execute("PRAGMA table_info(trajectories)")}
         assert "steps" not in columns and "data" in columns
         indexed = {r[1] for r in db.execute("PRAGMA index_list(trajectories)")}
@@ -473,3 +473,24 @@ def test_finished_ids_of_one_policy_version(store: TrajectoryStore) -> None:
     assert store.finished_ids(ids, policy_version="v2") == {new.id}
     assert store.finished_ids(ids, policy_version="v1") == {old.id}
     assert store.finished_ids(ids) == {old.id, new.id}
+
+
+def test_diagnoses_are_stored_beside_trajectories_idempotently(
+    open_backend: Callable[[], TrajectoryStore],
+) -> None:
+    from ratchet.types import Diagnosis
+
+    def d(tid: str, gen: int, mode: str, cause: str = "") -> Diagnosis:
+        return Diagnosis(trajectory_id=tid, evolution="e", generation=gen, task_id="s:x:train:1",
+                         subset="x", mode=mode, cause=cause)  # type: ignore[arg-type]  # fmt: skip
+
+    store = open_backend()
+    store.put_diagnoses([d("a", 0, "stagnation"), d("b", 0, "invalid_action"), d("c", 1, "stagnation")])
+    store.put_diagnoses([d("a", 0, "stagnation", cause="looped")])  # a rerun rewrites, never duplicates
+    assert [x.trajectory_id for x in store.diagnoses("e")] == ["a", "b", "c"]
+    assert [x.trajectory_id for x in store.diagnoses("e", generation=0, mode="stagnation")] == ["a"]
+    assert store.diagnoses("other") == []
+    store.close()
+    reopened = open_backend()
+    assert reopened.diagnoses("e", 0)[0].cause == "looped"
+    reopened.close()
