@@ -47,13 +47,16 @@ ADVICE: dict[FailureMode, str] = {
 }
 
 
+STEP_MAX = 200
+
+
 class WrittenSkill(BaseModel):
     """The teacher's phrasing of a skill; every string is bounded."""
 
     name: str = Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+){0,5}$", max_length=40)
     description: str = Field(max_length=160, description="when this skill applies, one sentence")
     when: str = Field(max_length=160)
-    steps: list[Annotated[str, Field(max_length=100)]] = Field(min_length=1, max_length=6)
+    steps: list[Annotated[str, Field(max_length=STEP_MAX)]] = Field(min_length=1, max_length=6)
 
 
 @dataclass
@@ -104,7 +107,10 @@ def build_distiller(teacher: BaseChatModel | None = None) -> Any:
         for source, candidate in (("teacher", state.get("written")), ("draft", state["draft"])):
             if candidate is None:
                 continue
+            candidate = _tidy(candidate)
             found = [p for text in _texts(candidate) for p in state["screen"].problems(text)]
+            if source == "teacher":
+                found += _ungrounded(candidate, state["draft"])
             if not found:
                 return {"final": candidate, "source": source, "problems": problems}
             problems += [f"{source}: {p}" for p in found]
@@ -128,6 +134,19 @@ def render_body(skill: WrittenSkill, kind: str) -> str:
     heading = "What to do" if kind == "procedure" else "Instead"
     steps = "\n".join(f"{i}. {s.strip()}" for i, s in enumerate(skill.steps, 1))
     return f"When: {skill.when.strip()}\n\n{heading}:\n{steps}"
+
+
+def _tidy(skill: WrittenSkill) -> WrittenSkill:
+    """Drop repeated and empty steps (small teachers repeat themselves)."""
+    steps = list(dict.fromkeys(" ".join(s.split()) for s in skill.steps if re.search(r"[A-Za-z]", s)))
+    return skill.model_copy(update={"steps": steps or skill.steps[:1]})
+
+
+def _ungrounded(written: WrittenSkill, draft: WrittenSkill) -> list[str]:
+    """The teacher may rephrase, not drop the evidence: every action the draft quotes stays."""
+    text = " ".join(_texts(written))
+    lost = [q for q in re.findall(r"`([^`]+)`", " ".join(draft.steps)) if q not in text]
+    return [f"drops the mined action {q!r}" for q in lost[:3]]
 
 
 def _texts(skill: WrittenSkill) -> list[str]:
@@ -159,7 +178,7 @@ def draft_procedure(job: ProcedureJob) -> WrittenSkill:
         name=slug(subset, *verbs[:3]),
         description=f"Moves that solved {subset} tasks, from {len(job.trajectory_ids)} successful runs.",
         when=f"A {subset} task: use these moves, filling in the blanks from the current observation.",
-        steps=[s[:100] for s in steps[:6]],
+        steps=[s[:STEP_MAX] for s in steps[:6]],
     )
 
 
@@ -182,7 +201,7 @@ def draft_guardrail(job: GuardrailJob) -> WrittenSkill:
         name=slug(subset, "avoid", mode_words),
         description=f"Avoid {mode_words} in {subset} tasks ({len(job.members)} failed runs went this way).",
         when=f"A {subset} task{at}, when you are about to {_verb(job.mode)}.",
-        steps=[s[:100] for s in steps],
+        steps=[s[:STEP_MAX] for s in steps],
     )
 
 

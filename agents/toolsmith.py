@@ -145,7 +145,8 @@ def macro_source(pattern: Pattern) -> ToolSource:
     """Python for a macro: returns the pattern's actions with its parameters filled in."""
     params = ", ".join(f"{p}: str" for p in pattern.params)
     fill = ", ".join(f"{p}={p}" for p in pattern.params)
-    lines = [f"def run({params}) -> list:", f'    """{pattern.describe()}"""', "    return ["]
+    # the docstring is a repr: no action text can close it and become code
+    lines = [f"def run({params}) -> list:", f"    {pattern.describe()!r}", "    return ["]
     for a in pattern.actions:
         args = ", ".join(
             f"{k!r}: {v!r}.format({fill})" if "{" in v else f"{k!r}: {v!r}" for k, v in a.args.items()

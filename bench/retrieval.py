@@ -4,15 +4,16 @@ synthetic skills, for task-like queries.
     .venv/bin/python bench/retrieval.py [--sizes 1000 50000] [--queries 200] [--dir DIR]
 
 The skills are procedures and guardrails for text games and arithmetic, generated
-deterministically from templates with varied vocabulary, about 100-170 estimated tokens each.
-Two policies are timed per size: the champion (all N skills, all in the index) and an A/B
-arm (the same N plus one candidate the index does not hold, embedded in memory). Queries are
-distinct, so each select embeds its query (`embed_query` times that alone); the champion is
-timed again on the same queries, whose embeddings the retriever then has cached, as in the
-loop where both A/B arms and every rollout of a task share an instruction. Build time
-is the time `sync` takes to embed and store N skills (one torch thread). With `--dir` each
-size's index is kept in DIR/skills-N and reused by later runs. Goal (issue 8): p50 <= 20 ms at
-50k skills. Writes bench/results/retrieval.json.
+deterministically from templates with varied vocabulary, 70-140 estimated tokens each
+(median ~110). Two policies are timed per size, each on `--queries` distinct instructions it
+has not seen, so every select embeds its query: the champion (all N skills, all in the
+index) and an A/B arm (the same N plus one candidate the index does not hold, embedded in
+memory). `embed_query` times embedding alone, on a third set. The champion is then timed
+again on its instructions, whose embeddings the retriever has cached by then, as in the loop
+where both A/B arms and every rollout of a task share an instruction. Build time is the
+time `sync` takes to embed and store N skills (one torch thread). With `--dir` each size's
+index is kept in DIR/skills-N and reused by later runs. Goal: p50 <= 20 ms at 50k skills.
+Writes bench/results/retrieval.json.
 """
 
 from __future__ import annotations
@@ -216,32 +217,36 @@ def bench_size(n: int, queries: list[str], root: Path, k: int, budget: int) -> d
         meta.write_text(json.dumps({"build_s": build_s}))
     assert index.count() >= n
 
-    t0 = time.perf_counter()
-    retriever.select(queries[0], skills, k, budget)  # prepares the champion's skill set once
-    first_ms = (time.perf_counter() - t0) * 1000
+    # Three disjoint sets of distinct instructions, so each pass embeds every query anew.
+    n_q = len(queries) // 3
+    champion_q, arm_q, embed_q = queries[:n_q], queries[n_q : 2 * n_q], queries[2 * n_q :]
+    warmup = "Warm-up: prepare the skill set."
 
-    def timed(policy: list[SkillText]) -> list[float]:
-        out = []
-        for q in queries:
-            t = time.perf_counter()
-            chosen = retriever.select(q, policy, k, budget)
-            out.append(time.perf_counter() - t)
-            assert 0 < len(chosen) <= k
-        return out
-
-    embed_s = []
-    for q in queries:
+    def timed(policy: list[SkillText], q: str) -> float:
         t = time.perf_counter()
-        embed([q])
-        embed_s.append(time.perf_counter() - t)
-    champion = timed(skills)
-    repeated = timed(skills)  # same instructions again: their embeddings are cached
+        chosen = retriever.select(q, policy, k, budget)
+        assert 0 < len(chosen) <= k
+        return time.perf_counter() - t
+
     candidate = SkillText(
         name="candidate", description="A new guardrail under test", body="Open doors first."
     )
     arm = skills + [candidate]
-    retriever.select(queries[0], arm, k, budget)  # prepares the arm's skill set once
-    arm_s = timed(arm)
+    embed([warmup])  # loads the model: not part of any timing below
+    t0 = time.perf_counter()
+    retriever.select(warmup, skills, k, budget)  # prepares the champion's skill set once
+    first_ms = (time.perf_counter() - t0) * 1000
+    retriever.select(warmup, arm, k, budget)  # and the arm's
+
+    # Interleaved, so that the machine's load (shared, noisy) hits all three alike.
+    champion, arm_s, embed_s = [], [], []
+    for cq, aq, eq in zip(champion_q, arm_q, embed_q, strict=True):
+        champion.append(timed(skills, cq))
+        arm_s.append(timed(arm, aq))
+        t = time.perf_counter()
+        embed([eq])
+        embed_s.append(time.perf_counter() - t)
+    repeated = [timed(skills, q) for q in champion_q]  # the same instructions again: cached
     row = {
         "size": n,
         "build_s": round(build_s, 1),
@@ -266,7 +271,7 @@ def main() -> None:
     args = p.parse_args()
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="ratchet-bench-retrieval-"))
-    queries = make_queries(args.queries)
+    queries = make_queries(3 * args.queries)  # champion, A/B arm, embedding alone
     rows = [bench_size(n, queries, root, args.k, args.budget) for n in args.sizes]
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

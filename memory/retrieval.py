@@ -169,10 +169,10 @@ class SkillRetriever:
         too few -> ask for n * 8; beyond `max_ann`, score the whole set exactly from then on."""
         n = max(k * self.overfetch, k)
         while True:
-            hits = self.index.query_embedding(q, n)
-            own = {h.id: float(h.distance) for h in hits if h.id in view.ann_ids}  # type: ignore[arg-type]
-            if len(own) >= k or len(hits) < n:
-                return own
+            hits = self.index.nearest(q, n)
+            own = {i: d for i, d in hits if i in view.ann_ids}
+            if len(own) >= k or (len(hits) < n and len(hits) >= self.index.count()):
+                return own  # enough, or the whole index was searched
             if n >= self.max_ann:
                 break
             n = min(n * 8, self.max_ann)

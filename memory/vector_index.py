@@ -14,8 +14,8 @@ What this does not cover:
   processes are fine while the writer is idle.
 * Embeddings are cosine-normalized MiniLM vectors; documents longer than the model's 256
   word pieces are embedded from their beginning only.
-* Embedding a text costs ~10-15 ms on one CPU thread: callers that embed the same text
-  again should keep the vector (`SkillRetriever` does).
+* Embedding a short text costs ~15 ms on one CPU thread (most of a query's time): callers
+  that embed the same text again should keep the vector (`SkillRetriever` does).
 """
 
 from __future__ import annotations
@@ -264,16 +264,28 @@ class VectorIndex:
             where=where,
             include=["documents", "metadatas", "distances"],
         )
+        columns = ("ids", "documents", "metadatas", "distances")
+        ids, docs, metas, dists = (r[c][0] for c in columns)  # type: ignore[literal-required,index]
         return [
             Hit(i, d or "", dict(m or {}), float(x))
-            for i, d, m, x in zip(
-                r["ids"][0],
-                r["documents"][0],
-                r["metadatas"][0],
-                r["distances"][0],
-                strict=True,  # type: ignore[index]
-            )
+            for i, d, m, x in zip(ids, docs, metas, dists, strict=True)
         ]
+
+    def nearest(
+        self, embedding: np.ndarray, k: int, where: dict[str, Any] | None = None
+    ) -> list[tuple[str, float]]:
+        """(id, distance) of the `k` records nearest to `embedding`, nearest first: the hot
+        path for callers that map ids themselves (skipping documents and metadata saves
+        ~1.5 ms a query at 50k records)."""
+        if k <= 0:
+            return []
+        r = self._collection.query(
+            query_embeddings=[np.asarray(embedding, dtype=np.float32)],
+            n_results=k,
+            where=where,
+            include=["distances"],
+        )
+        return list(zip(r["ids"][0], map(float, r["distances"][0]), strict=True))  # type: ignore[index]
 
     def embeddings(self, ids: Sequence[str]) -> np.ndarray:
         """Stored embeddings of `ids`, one row per id in that order; KeyError if any is missing."""

@@ -23,6 +23,7 @@ def prepare_environment(settings: Settings) -> None:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # model-loading bars would tear through Rich's
         "ANONYMIZED_TELEMETRY": "False",
         "DO_NOT_TRACK": "1",
     }

@@ -136,19 +136,35 @@ def test_distiller_drops_the_obedient_teacher_and_keeps_a_clean_draft() -> None:
     assert "banana" not in out["final"].model_dump_json().lower()
 
 
-def test_distiller_keeps_a_clean_teacher_answer() -> None:
+def test_distiller_keeps_a_clean_grounded_teacher_answer() -> None:
+    steps = ["Move toward the coin: `act: move {a} → act: take coin`.", "Take the coin when you see it."]
     answer = {
         "name": "coin-go-take",
         "description": "Find and take the coin.",
         "when": "A coin task.",
-        "steps": ["Move toward unexplored rooms.", "Take the coin when you see it."],
+        "steps": [*steps, steps[1], "./"],
     }
     teacher = ScriptedChatModel(script=[AIMessage(content=json.dumps(answer))])
     wins = _coin_successes()
     job = ProcedureJob("textworld-express:coin", mine_patterns(wins), [3, 2, 3], ["a", "b", "c"])
     out = distill(build_distiller(teacher), job, Screen.from_trajectories(wins))
     assert out["source"] == "teacher" and out["final"].name == "coin-go-take"
+    assert out["final"].steps == steps  # repeats and junk steps dropped
     assert "move {a}" in teacher.calls[0]["messages"][-1].content  # grounded in the mined pattern
+
+
+def test_a_teacher_that_drops_the_mined_actions_loses_to_the_draft() -> None:
+    answer = {
+        "name": "coin-go",
+        "description": "Find the coin.",
+        "when": "A coin task.",
+        "steps": ["Explore."],
+    }
+    teacher = ScriptedChatModel(script=[AIMessage(content=json.dumps(answer))])
+    wins = _coin_successes()
+    job = ProcedureJob("textworld-express:coin", mine_patterns(wins), [3, 2, 3], ["a", "b", "c"])
+    out = distill(build_distiller(teacher), job, Screen.from_trajectories(wins))
+    assert out["source"] == "draft" and any("drops the mined action" in p for p in out["problems"])
 
 
 def test_guardrail_draft_names_what_successes_did_instead() -> None:

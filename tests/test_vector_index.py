@@ -48,6 +48,11 @@ def test_nearest_neighbour_is_semantic(index: VectorIndex) -> None:
     assert distances == sorted(distances) and all(0.0 <= d <= 2.0 for d in distances)  # type: ignore[operator]
     assert index.query("what is 348 + 97?", k=1)[0].id in {"carry", "calc"}
 
+    q = embed(["grab the gold pieces lying on the floor"])[0]
+    assert index.query_embedding(q, k=3) == hits
+    assert index.nearest(q, k=3) == [(h.id, h.distance) for h in hits]
+    assert index.nearest(q, k=0) == []
+
 
 def test_query_size_limits(tmp_path: Path, index: VectorIndex) -> None:
     assert index.query("coin", k=0) == []
