@@ -24,6 +24,7 @@ from agents.structured import ask_json
 from diagnosis.attribution import SuccessTree, normalize_action
 from diagnosis.signals import primary_mode, signals
 from ratchet.types import Attribution, Diagnosis, Signal, Trajectory
+from skills.screen import Screen
 
 CAUSE_MAX = 160
 SHOWN_STEPS = 12
@@ -64,6 +65,8 @@ def build_diagnoser(judge: BaseChatModel | None = None, judge_name: str = "") ->
         assert judge is not None
         verdict = ask_json(judge, judge_messages(state), Judgement, temperature=0.0)
         cause = " ".join(verdict.cause.split()) if verdict else ""
+        if "<data" in cause or Screen.from_trajectories([state["failure"]]).problems(cause):
+            cause = ""  # a quote of the evidence (or an instruction found in it) is not a cause
         return {"cause": cause, "judge": judge_name if cause else ""}
 
     graph = StateGraph(DiagnoserState)

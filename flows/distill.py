@@ -159,17 +159,20 @@ def to_skill(final: dict[str, Any], evolution: str, generation: int) -> Skill | 
 
 
 def function_job(family: str, wins: list[Trajectory]) -> FunctionJob | None:
-    """Question-answer families: each solved task ends with a one-argument answer of its own."""
+    """Question-answer families: every solved task ends with a one-argument call of a tool used
+    for nothing else (an `answer` tool), and the answers differ from task to task."""
     examples: dict[str, tuple[str, str, str]] = {}
     for t in wins:
         last = t.steps[-1] if t.steps else None
         if last is None or last.tool_call is None or len(last.tool_call.args) != 1:
-            continue
+            return None
+        if any(s.tool_call is not None and s.tool_call.name == last.tool_call.name for s in t.steps[:-1]):
+            return None  # the same tool earlier on: an environment move, not an answer
         answer = str(next(iter(last.tool_call.args.values())))
         examples.setdefault(t.task_id, (t.instruction, answer, t.id))
     answers = {a for _, a, _ in examples.values()}
     if len(examples) < 2 or len(answers) < len(examples):
-        return None  # too few, or the same final action everywhere: an environment move, not an answer
+        return None  # too few examples, or one answer for all: nothing to compute
     pairs = [(q, a) for q, a, _ in examples.values()]
     name = slug(family.split(":", 1)[-1], "solver")
     return FunctionJob(name, family, pairs, [i for _, _, i in examples.values()])

@@ -75,7 +75,7 @@ class TeacherSettings(BaseModel):
     name: str = Field(default="", description="model name; empty = the policy's")
     api_key: SecretStr = Field(default=SecretStr("not-needed"), description="bearer token, if any")
     timeout_s: float = Field(default=120.0, gt=0)
-    max_tokens: int = Field(default=192, gt=0, description="completion budget per answer")
+    max_tokens: int = Field(default=384, gt=0, description="completion budget per answer (JSON)")
 
 
 class DiagnoseSettings(BaseModel):

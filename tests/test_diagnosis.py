@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from langchain_core.messages import AIMessage
@@ -188,3 +190,12 @@ def test_expert_steps_count_like_successful_ones() -> None:
     expert = traj(["take coin"], success=True, kind="expert").model_copy(update={"steps": [step]})
     a = SuccessTree([expert]).attribute(traj(["look"], success=False, done=False))
     assert a is not None and a.alternatives == ["act: take coin"]
+
+
+def test_a_judge_that_only_quotes_the_evidence_gives_no_cause() -> None:
+    room = "You are in the kitchen. In one part of the room you see a stove and an oven."
+    failure = traj(["look"], success=False, done=False, max_steps=1, results=[room])
+    for quote in (f"<data>{room}</data>", room):
+        judge = ScriptedChatModel(script=[AIMessage(content=json.dumps({"cause": quote}))])
+        out = diagnose(build_diagnoser(judge, "t"), failure, [])
+        assert out.cause == "" and out.judge == ""

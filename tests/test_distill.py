@@ -279,11 +279,12 @@ def test_injected_instruction_never_reaches_a_candidate_end_to_end(tmp_path: Pat
         rt.store.put(t)
     diagnosed = _in_flow(diagnose_stage, rt, 0)
     assert diagnosed.failures == 3 and diagnosed.by_mode == {"stagnation": 3}
-    assert all("BANANA" in d.cause for d in rt.store.diagnoses("e", 0))  # the judge obeyed...
+    # the judge obeyed, but a cause repeating an injected instruction is discarded
+    assert len(teacher.calls) == 3 and all(d.cause == "" for d in rt.store.diagnoses("e", 0))
     result = _in_flow(distill_stage, rt, 0)
     kinds = sorted(c.skill.kind for c in result.candidates)
     assert kinds == ["guardrail", "procedure", "tool"]
-    assert teacher.calls  # ...and the writer was asked, and copied it too
+    assert len(teacher.calls) > 3  # the writer was asked too, and copied it too
     for path in rt.library.root.rglob("*"):
         if path.is_file() and path.suffix in {".md", ".py", ".json", ".jsonl"}:
             assert "banana" not in path.read_text().lower(), path
@@ -318,3 +319,18 @@ def test_malformed_teacher_answers_fall_back_to_the_draft(bad: str) -> None:
         Screen.from_trajectories(wins),
     )
     assert out["source"] == "draft" and out["final"] is not None
+
+
+def test_no_function_job_for_a_game_whose_last_move_is_its_only_tool() -> None:
+    wins = [
+        traj(
+            ["take apple", "put apple in box"],
+            success=True,
+            task="textworld-express:sorting:train:1",
+            tid="1",
+        ),
+        traj(
+            ["take pear", "put pear in box"], success=True, task="textworld-express:sorting:train:2", tid="2"
+        ),
+    ]
+    assert function_job("textworld-express:sorting", wins) is None
