@@ -67,18 +67,10 @@ def run_rollout(
                 raise
             error = f"{type(exc).__name__}: {exc}"
     outcome = ctx.outcome
-    return Trajectory(
-        id=slot.id,
-        evolution=slot.evolution,
-        generation=slot.generation,
-        task_id=task.id,
-        suite=task.suite,
-        subset=task.subset,
-        split=task.split,
-        rollout=slot.rollout,
+    return _trajectory(
+        slot,
         seed=settings.seed,
         policy_version=policy.version,
-        instruction=task.instruction,
         steps=ctx.steps,
         status="error" if error else "finished",
         done=outcome is not None,
@@ -127,6 +119,23 @@ def run_expert(suite: Suite, slot: RolloutSlot) -> Trajectory | None:
                 break
     if not result.success:
         return None
+    return _trajectory(
+        slot,
+        seed=task.seed,
+        policy_version=EXPERT_POLICY,
+        kind="expert",
+        steps=steps,
+        done=True,
+        max_steps=task.max_steps,
+        success=True,
+        score=result.score,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _trajectory(slot: RolloutSlot, **fields: Any) -> Trajectory:
+    """A Trajectory for `slot`: identity and task fields from the slot, the rest as given."""
+    task = slot.task
     return Trajectory(
         id=slot.id,
         evolution=slot.evolution,
@@ -136,14 +145,6 @@ def run_expert(suite: Suite, slot: RolloutSlot) -> Trajectory | None:
         subset=task.subset,
         split=task.split,
         rollout=slot.rollout,
-        seed=task.seed,
-        policy_version=EXPERT_POLICY,
-        kind="expert",
         instruction=task.instruction,
-        steps=steps,
-        done=True,
-        max_steps=task.max_steps,
-        success=True,
-        score=result.score,
-        seconds=time.perf_counter() - started,
+        **fields,
     )

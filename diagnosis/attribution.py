@@ -64,6 +64,7 @@ class SuccessTree:
         self.root = _Node()
         self.size = 0
         self.states: dict[str, Counter[str]] = defaultdict(Counter)  # state -> actions successes took
+        self.visitors: dict[str, set[str]] = defaultdict(set)  # state -> successes that acted there
         for t in successes:
             self.add(t)
 
@@ -76,6 +77,7 @@ class SuccessTree:
             if action is None:
                 continue
             self.states[state_key(step)][action] += 1
+            self.visitors[state_key(step)].add(traj.id)
             node = node.children.setdefault(action, _Node())
             node.count += 1
 
@@ -95,12 +97,13 @@ class SuccessTree:
         if last is None or last[1] in last[2]:
             return None
         index, action, seen = last
+        state = state_key(next(s for s in failure.steps if s.index == index))
         ranked = sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))
         return Attribution(
             step=index,
             taken=action,
             alternatives=[a for a, _ in ranked],
-            support=sum(seen.values()),
+            support=len(self.visitors[state]),
             references=self.size,
         )
 

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 
 import mlflow
 from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from agents.diagnoser import build_diagnoser, diagnose
 from diagnosis.clusters import FailureCluster, cluster_diagnoses
 from flows import tracking
 from flows.progress import report
-from flows.rollouts import retry_transient
+from flows.rollouts import MODEL_CALL
 from flows.runtime import LoopRuntime, open_runtime
 from memory.vector_index import VectorIndex
 from ratchet.config import Settings
@@ -38,14 +37,7 @@ class DiagnoseResult:
     clusters: list[FailureCluster] = field(default_factory=list)
 
 
-@task(
-    name="diagnose",
-    retries=3,
-    retry_delay_seconds=[2, 5, 15],
-    retry_condition_fn=retry_transient,
-    cache_policy=NO_CACHE,
-    task_run_name="diagnose {failure.task_id} #{failure.rollout}",
-)
+@task(name="diagnose", task_run_name="diagnose {failure.task_id} #{failure.rollout}", **MODEL_CALL)
 def diagnose_task(diagnoser: object, failure: Trajectory, successes: list[Trajectory]) -> Diagnosis:
     return diagnose(diagnoser, failure, successes)
 

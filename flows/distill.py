@@ -22,14 +22,13 @@ from typing import Any
 
 import mlflow
 from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
 
 from agents.distiller import GuardrailJob, ProcedureJob, build_distiller, render_body, slug
 from agents.toolsmith import FunctionJob, MacroJob, build_toolsmith
 from diagnosis.attribution import action_path
 from flows import tracking
 from flows.progress import report
-from flows.rollouts import retry_transient
+from flows.rollouts import MODEL_CALL
 from flows.runtime import LoopRuntime, open_runtime
 from ratchet.config import Settings
 from ratchet.types import Trajectory
@@ -59,14 +58,7 @@ class DistillResult:
         }
 
 
-@task(
-    name="distill-job",
-    retries=3,
-    retry_delay_seconds=[2, 5, 15],
-    retry_condition_fn=retry_transient,
-    cache_policy=NO_CACHE,
-    task_run_name="{label}",
-)
+@task(name="distill-job", task_run_name="{label}", **MODEL_CALL)
 def graph_task(graph: Any, state: dict[str, Any], label: str) -> dict[str, Any]:
     """One distiller or toolsmith run (a teacher call inside, retried when transient)."""
     return graph.invoke(state, config={"run_name": label})

@@ -31,14 +31,14 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return exc is not None and is_transient(exc)
 
 
-@task(
-    name="rollout",
-    retries=3,
-    retry_delay_seconds=[2, 5, 15],
-    retry_condition_fn=retry_transient,
-    cache_policy=NO_CACHE,
-    task_run_name="rollout {slot.task.id} #{slot.rollout}",
+# Every task that calls a model: retried only on transient endpoint errors, never cached
+# (a rerun is resumed from the stores, not from Prefect's result cache).
+MODEL_CALL: dict[str, Any] = dict(
+    retries=3, retry_delay_seconds=[2, 5, 15], retry_condition_fn=retry_transient, cache_policy=NO_CACHE
 )
+
+
+@task(name="rollout", task_run_name="rollout {slot.task.id} #{slot.rollout}", **MODEL_CALL)
 def rollout_task(rt: LoopRuntime, slot: RolloutSlot, policy: Policy, settings: ActorSettings) -> str:
     """Play one slot and store its trajectory (an upsert: a retried or rerun slot replaces its row)."""
     skills = None

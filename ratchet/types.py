@@ -205,7 +205,7 @@ class Attribution(BaseModel):
     step: int = Field(description="index of the first step no successful trajectory took from there")
     taken: str = Field(description="the normalized action the failure took at that step")
     alternatives: list[str] = Field(description="what successful trajectories did instead, most common first")
-    support: int = Field(description="how many successful trajectories shared the prefix up to that step")
+    support: int = Field(description="successful trajectories that stood there (same state or prefix)")
     references: int = Field(description="successful trajectories of the task compared against")
 
 

@@ -124,7 +124,8 @@ def test_run_then_browse_trajectories(tmp_path, embedded_server):
     exported = ratchet("trajectories", "export", str(out), cwd=tmp_path)
     assert exported.returncode == 0
     rows = [json.loads(ln) for ln in out.read_text().splitlines()]
-    assert len(rows) == 4 and {r["split"] for r in rows} == {"train", "test"}
+    assert sorted(r["kind"] for r in rows) == ["agent"] * 4 + ["expert"]  # the reference answer too
+    assert {r["split"] for r in rows} == {"train", "test"}
 
     missing = ratchet("trajectories", "show", "nope", cwd=tmp_path)
     assert_one_line_error(missing, "no trajectory 'nope'")

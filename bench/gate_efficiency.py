@@ -1,0 +1,186 @@
+"""Verify gate: the sequential (always-valid) gate against the fixed-n exact McNemar gate, on
+simulated candidates whose true effect is known — rollouts used, agreement of decisions, and
+the false-promotion rate of candidates that do not help.
+
+    .venv/bin/python bench/gate_efficiency.py [--sims 4000] [--seed 0] [--baseline 0.5]
+
+Each simulated candidate gets `max_tasks` dev tasks. Per task the baseline succeeds with
+probability `--baseline`; the candidate then repairs a baseline failure with probability `fix`
+and breaks a baseline success with probability `break`. Both gates see the same outcome
+sequence (the sequential one only the prefix it asks for), so their decisions are paired.
+No model is run: this measures the statistics, not the agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import beta
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from skills.intervention import (  # noqa: E402
+    GateConfig,
+    PairedOutcome,
+    binomial_p_value,
+    fixed_n_gate,
+    sequential_gate,
+)
+
+# name -> (P(candidate succeeds | baseline failed), P(candidate fails | baseline succeeded)),
+# written for a baseline success of 0.5; the null row is recomputed so repairs = regressions.
+EFFECTS: dict[str, tuple[float, float]] = {
+    "helpful": (0.30, 0.02),
+    "slightly helpful": (0.20, 0.04),
+    "helps but breaks (cap)": (0.45, 0.25),
+    "A/A, identical arms": (0.0, 0.0),
+    "A/A, noisy (30% discordant)": (0.30, 0.30),
+    "harmful": (0.05, 0.15),
+}
+NULLS = ("A/A, identical arms", "A/A, noisy (30% discordant)")
+
+
+def clopper_pearson(k: int, n: int) -> tuple[float, float]:
+    lo = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
+    return lo, hi
+
+
+def simulate(rng: np.random.Generator, n: int, base: float, fix: float, brk: float) -> list[PairedOutcome]:
+    b = rng.random(n) < base
+    u = rng.random(n)
+    c = np.where(b, u >= brk, u < fix)
+    return [PairedOutcome(f"t{i}", bool(x), bool(y)) for i, (x, y) in enumerate(zip(b, c, strict=True))]
+
+
+def naive_peeking(outcomes: list[PairedOutcome], cfg: GateConfig) -> bool:
+    """The wrong design, for contrast: the fixed-n p-value checked at every look."""
+    for end in range(cfg.look_every, cfg.max_tasks + 1, cfg.look_every):
+        kinds = [o.kind for o in outcomes[:end]]
+        r, g = kinds.count("repair"), kinds.count("regression")
+        if binomial_p_value(r, r + g) <= cfg.alpha and g <= cfg.regression_cap(end):
+            return True
+    return False
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sims", type=int, default=4000, help="simulated candidates per effect")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline", type=float, default=0.5, help="baseline success rate on dev tasks")
+    p.add_argument("--max-tasks", type=int, default=64)
+    p.add_argument("--look-every", type=int, default=8)
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--max-regressions", type=float, default=0.1)
+    p.add_argument("--futility", type=float, default=GateConfig.futility)
+    args = p.parse_args()
+
+    cfg = GateConfig(
+        alpha=args.alpha,
+        max_tasks=args.max_tasks,
+        look_every=args.look_every,
+        max_regressions=args.max_regressions,
+        futility=args.futility,
+    )
+    rng = np.random.default_rng(args.seed)
+    s = args.baseline
+    started = time.perf_counter()
+    rows = []
+    for name, (fix, brk) in EFFECTS.items():
+        if name == "A/A, noisy (30% discordant)":  # repairs and regressions each 15% of tasks
+            fix, brk = 0.15 / (1 - s), 0.15 / s
+        seq_acc = fix_acc = agree = peek_acc = 0
+        seq_tasks = 0
+        reasons: dict[str, int] = {}
+        for _ in range(args.sims):
+            outs = simulate(rng, cfg.max_tasks, s, fix, brk)
+            d_seq, d_fix = sequential_gate(outs, cfg), fixed_n_gate(outs, cfg)
+            assert d_seq.decision != "continue" and d_fix.decision != "continue"
+            seq_acc += d_seq.decision == "accept"
+            fix_acc += d_fix.decision == "accept"
+            agree += d_seq.decision == d_fix.decision
+            seq_tasks += d_seq.tasks
+            peek_acc += naive_peeking(outs, cfg)
+            if d_seq.decision != d_fix.decision:
+                key = f"seq {d_seq.decision} ({d_seq.reason.split(':')[0]}), fixed {d_fix.decision}"
+                reasons[key] = reasons.get(key, 0) + 1
+        n = args.sims
+        mean_tasks = seq_tasks / n
+        rows.append(
+            {
+                "effect": name,
+                "fix": round(fix, 3),
+                "break": round(brk, 3),
+                "p_repair": round((1 - s) * fix, 3),
+                "p_regression": round(s * brk, 3),
+                "sims": n,
+                "accept_fixed": fix_acc / n,
+                "accept_sequential": seq_acc / n,
+                "accept_sequential_ci95": clopper_pearson(seq_acc, n),
+                "accept_naive_peeking": peek_acc / n,
+                "agreement": agree / n,
+                "disagreements": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+                "mean_tasks_sequential": mean_tasks,
+                "rollouts_fixed": 2 * cfg.max_tasks,
+                "rollouts_sequential": 2 * mean_tasks,
+                "candidate_rollouts_fixed": cfg.max_tasks,
+                "candidate_rollouts_sequential": mean_tasks,
+                "rollout_ratio": mean_tasks / cfg.max_tasks,
+            }
+        )
+    seconds = time.perf_counter() - started
+
+    print(
+        f"\nalpha {cfg.alpha}, {cfg.max_tasks} tasks, look every {cfg.look_every}, cap "
+        f"{cfg.max_regressions:.0%}, futility {cfg.futility}, baseline success {s}, {args.sims} sims/effect\n"
+    )
+    print(
+        "| effect | P(repair) / P(regr.) per task | accept: fixed-n | sequential (95% CI) | naive peeking "
+        "| agreement | rollouts seq / fixed (cand. arm) | ratio |\n|---|---|---|---|---|---|---|---|"
+    )
+    for r in rows:
+        lo, hi = r["accept_sequential_ci95"]
+        print(
+            f"| {r['effect']} | {r['p_repair']:.3f} / {r['p_regression']:.3f} | {r['accept_fixed']:.1%} "
+            f"| {r['accept_sequential']:.1%} ({lo:.1%}–{hi:.1%}) | {r['accept_naive_peeking']:.1%} "
+            f"| {r['agreement']:.1%} | {r['rollouts_sequential']:.1f} / {r['rollouts_fixed']} "
+            f"({r['candidate_rollouts_sequential']:.1f} / {r['candidate_rollouts_fixed']}) "
+            f"| {r['rollout_ratio']:.2f} |"
+        )
+    overall_agree = float(np.mean([r["agreement"] for r in rows]))
+    overall_ratio = float(np.mean([r["rollout_ratio"] for r in rows]))
+    print(
+        f"\noverall (effects weighted equally): agreement {overall_agree:.1%}, "
+        f"rollout ratio {overall_ratio:.2f}; {seconds:.1f} s"
+    )
+    for r in rows:
+        if r["disagreements"]:
+            top = "; ".join(f"{k}: {v}" for k, v in list(r["disagreements"].items())[:3])
+            print(f"  {r['effect']} disagreements — {top}")
+
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gate_efficiency.json").write_text(
+        json.dumps(
+            {
+                "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+                "baseline_success": s,
+                "seed": args.seed,
+                "overall_agreement": overall_agree,
+                "overall_rollout_ratio": overall_ratio,
+                "seconds": seconds,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
