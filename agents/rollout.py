@@ -14,16 +14,17 @@ from suites.base import ActionError, Suite
 
 @dataclass(frozen=True)
 class RolloutSlot:
-    """Where a rollout belongs; its trajectory id is derived from these four fields."""
+    """Where a rollout belongs; its trajectory id is derived from these fields."""
 
     evolution: str
     generation: int
     task: Task
     rollout: int
+    arm: str = ""  # the side of an A/B intervention ('' outside verify)
 
     @property
     def id(self) -> str:
-        return trajectory_id(self.evolution, self.generation, self.task.id, self.rollout)
+        return trajectory_id(self.evolution, self.generation, self.task.id, self.rollout, self.arm)
 
 
 def run_rollout(
@@ -145,6 +146,7 @@ def _trajectory(slot: RolloutSlot, **fields: Any) -> Trajectory:
         subset=task.subset,
         split=task.split,
         rollout=slot.rollout,
+        arm=slot.arm,
         instruction=task.instruction,
         **fields,
     )

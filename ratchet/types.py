@@ -76,6 +76,7 @@ class Trajectory(BaseModel):
     subset: str
     split: Split
     rollout: int
+    arm: str = Field(default="", description="A/B arm of a verify rollout ('' outside verify)")
     seed: int = Field(description="sampling seed of this rollout")
     policy_version: str
     kind: Literal["agent", "expert"] = "agent"
@@ -106,9 +107,13 @@ class Trajectory(BaseModel):
         return sum(s.completion_tokens for s in self.steps)
 
 
-def trajectory_id(evolution: str, generation: int, task_id: str, rollout: int) -> str:
-    """Deterministic id: the same rollout slot always maps to the same row (idempotent writes)."""
-    return content_hash([evolution, generation, task_id, rollout], length=20)
+def trajectory_id(evolution: str, generation: int, task_id: str, rollout: int, arm: str = "") -> str:
+    """Deterministic id: the same rollout slot always maps to the same row (idempotent writes).
+
+    `arm` names the side of an A/B intervention (verify plays the same dev task and seed in
+    several arms); outside verify it is empty and the id is what it always was."""
+    parts: list[object] = [evolution, generation, task_id, rollout]
+    return content_hash(parts + [arm] if arm else parts, length=20)
 
 
 class SkillText(BaseModel):

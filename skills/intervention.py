@@ -144,7 +144,10 @@ class Summary:
         return self.repairs + self.regressions
 
     def __str__(self) -> str:
-        return f"{self.repairs} repairs, {self.regressions} regressions in {self.tasks} tasks"
+        def n(k: int, word: str) -> str:
+            return f"{k} {word}{'' if k == 1 else 's'}"
+
+        return f"{n(self.repairs, 'repair')}, {n(self.regressions, 'regression')} in {n(self.tasks, 'task')}"
 
 
 def summarize(outcomes: Sequence[PairedOutcome]) -> Summary:

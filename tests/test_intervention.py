@@ -1,0 +1,201 @@
+"""The verify gate's statistics: decisions on clear cases, the regression cap, the error rate
+of candidates that do not help (exactly, and by simulation against naive peeking), the
+fixed-n comparison against scipy, determinism."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from skills.intervention import (
+    GateConfig,
+    GateDecision,
+    PairedOutcome,
+    binomial_p_value,
+    fixed_n_gate,
+    sequential_gate,
+    summarize,
+)
+
+KIND_TO_PAIR = {"+": (False, True), "-": (True, False), "=": (True, True), "0": (False, False)}
+
+
+def _outs(pattern: str) -> list[PairedOutcome]:
+    """'+' repair, '-' regression, '=' both succeed, '0' both fail; spaces ignored."""
+    kinds = pattern.replace(" ", "")
+    return [PairedOutcome(f"t{i}", *KIND_TO_PAIR[k]) for i, k in enumerate(kinds)]
+
+
+def _look_by_look(outcomes: list[PairedOutcome], cfg: GateConfig) -> Iterator[GateDecision]:
+    """What the verify flow does: run a group of tasks, ask the gate, stop when it decides."""
+    for end in cfg.look_ends():
+        d = sequential_gate(outcomes[:end], cfg)
+        yield d
+        if d.decision != "continue":
+            return
+
+
+def _aa(rng: np.random.Generator, n: int, discordance: float) -> list[PairedOutcome]:
+    """An A/A candidate: a task is repaired or regressed equally often."""
+    u = rng.random(n)
+    return [
+        PairedOutcome(f"t{i}", bool(x < discordance / 2), bool(discordance / 2 <= x < discordance))
+        for i, x in enumerate(u)
+    ]
+
+
+def test_kinds() -> None:
+    assert [o.kind for o in _outs("+-=0")] == ["repair", "regression", "unchanged", "unchanged"]
+    assert summarize(_outs("++-=0")).__dict__ == {"repairs": 2, "regressions": 1, "unchanged": 2}
+
+
+def test_clear_winner_is_accepted_at_the_first_look() -> None:
+    cfg = GateConfig()
+    d = sequential_gate(_outs("+" * 8), cfg)
+    assert (d.decision, d.looks, d.tasks) == ("accept", 1, 8)
+    assert d.p_value == pytest.approx(2**-8) and d.p_value <= cfg.alpha_spent(8)
+    assert "8 repairs, 0 regressions in 8 tasks" in d.reason
+    # the fixed-n design has to spend the whole budget on the same candidate
+    assert fixed_n_gate(_outs("+" * 8), cfg).decision == "continue"
+
+
+def test_one_regression_short_of_the_first_boundary_continues() -> None:
+    d = sequential_gate(_outs("+" * 7 + "="), GateConfig())
+    assert d.decision == "continue" and d.statistic == 8  # 7/7 has p = 2**-7 > alpha/8
+
+
+def test_clear_loser_over_the_regression_cap_is_rejected_early() -> None:
+    cfg = GateConfig()  # cap: 10% of 64 tasks = 6 regressions
+    d = sequential_gate(_outs("-" * 7 + "=" * 9), cfg)
+    assert (d.decision, d.tasks) == ("reject", 8) and d.reason.startswith("too many regressions")
+
+
+def test_harmful_trend_is_rejected_for_futility_before_the_budget() -> None:
+    d = sequential_gate(_outs("-+-=" * 4), GateConfig())
+    assert d.decision == "reject" and d.tasks < 64 and d.reason.startswith("futile")
+
+
+def test_cap_blocks_a_significant_gain_until_regressions_are_within_it() -> None:
+    cfg = GateConfig()
+    outs = _outs("+" * 7 + "-" + "+" * 7 + "-" + "=" * 8)
+    blocked = sequential_gate(outs[:16], cfg)  # 14 vs 2: significant, but 2 > floor(0.1 * 16)
+    assert blocked.decision == "continue" and blocked.p_value <= cfg.alpha_spent(16)
+    d = sequential_gate(outs, cfg)  # 2 <= floor(0.1 * 24)
+    assert (d.decision, d.tasks) == ("accept", 24)
+
+
+@pytest.mark.parametrize("futility", [0.05, 0.0])
+def test_no_discordant_pairs_is_never_accepted(futility: float) -> None:
+    cfg = GateConfig(futility=futility)
+    outs = _outs("=0" * 32)
+    decisions = list(_look_by_look(outs, cfg))
+    assert all(d.decision != "accept" for d in decisions)
+    assert decisions[-1].decision == "reject"
+    if futility:  # the predictive rule stops it early
+        assert decisions[-1].tasks < 64 and "futile" in decisions[-1].reason
+    else:  # 8 repairs in the last 8 tasks could still win, so it runs to the budget
+        assert decisions[-1].tasks == 64 and "budget" in decisions[-1].reason
+
+
+def test_curtailment_when_even_all_repairs_cannot_win() -> None:
+    cfg = GateConfig(futility=0.0, max_regressions=1.0)
+    d = sequential_gate(_outs("-" * 40), cfg)
+    assert d.decision == "reject" and d.tasks < 40 and "every remaining task is a repair" in d.reason
+
+
+@pytest.mark.parametrize(("max_tasks", "look_every", "discordance"), [(12, 4, 1.0), (8, 3, 0.5)])
+def test_exact_false_accept_rate_is_at_most_alpha(
+    max_tasks: int, look_every: int, discordance: float
+) -> None:
+    """Enumerate every A/A history (each task a repair, a regression or unchanged with
+    probability d/2, d/2, 1-d): the exact probability of admission is within alpha, without
+    the cap and futility stops that could only lower it, and not wastefully far below it."""
+    cfg = GateConfig(alpha=0.1, max_tasks=max_tasks, look_every=look_every, max_regressions=1.0, futility=0.0)
+    probs = {"+": discordance / 2, "-": discordance / 2, "=": 1 - discordance}
+    total = 0.0
+    for kinds in itertools.product("+-=" if discordance < 1 else "+-", repeat=max_tasks):
+        if sequential_gate(_outs("".join(kinds)), cfg).decision == "accept":
+            total += math.prod(probs[k] for k in kinds)
+    assert 0.3 * cfg.alpha < total <= cfg.alpha
+
+
+@pytest.mark.parametrize("discordance", [0.3, 1.0])
+def test_sequential_gate_holds_alpha_where_naive_peeking_does_not(discordance: float) -> None:
+    cfg = GateConfig(max_regressions=1.0, futility=0.0)  # no cap, no futility: the hardest case
+    rng = np.random.default_rng(7)
+    sims = 3000
+    gate_accepts = peek_accepts = 0
+    for _ in range(sims):
+        outs = _aa(rng, cfg.max_tasks, discordance)
+        gate_accepts += list(_look_by_look(outs, cfg))[-1].decision == "accept"
+        peek_accepts += any(
+            binomial_p_value(s.repairs, s.discordant) <= cfg.alpha
+            for s in (summarize(outs[:end]) for end in cfg.look_ends())
+        )
+    se = (cfg.alpha * (1 - cfg.alpha) / sims) ** 0.5
+    assert gate_accepts / sims <= cfg.alpha + 2 * se
+    assert peek_accepts / sims > cfg.alpha + 2 * se  # why the design matters
+
+
+def test_fixed_n_gate_agrees_with_scipy_binomtest() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    cfg = GateConfig(max_tasks=40, max_regressions=1.0)
+    for repairs, regressions in itertools.product(range(0, 25, 3), range(0, 16, 3)):
+        outs = _outs("+" * repairs + "-" * regressions + "=" * (40 - repairs - regressions))
+        d = fixed_n_gate(outs, cfg)
+        want = (
+            stats.binomtest(repairs, repairs + regressions, 0.5, alternative="greater").pvalue
+            if repairs + regressions
+            else 1.0
+        )
+        assert d.p_value == pytest.approx(want, rel=1e-9, abs=1e-15)
+        assert d.decision == ("accept" if want <= cfg.alpha else "reject")
+
+
+def test_fixed_n_gate_applies_the_cap_and_waits_for_the_budget() -> None:
+    cfg = GateConfig(max_tasks=40)  # cap 4
+    assert fixed_n_gate(_outs("+" * 20 + "-" * 5 + "=" * 15), cfg).reason.startswith("too many regressions")
+    assert fixed_n_gate(_outs("+" * 20 + "-" * 4 + "=" * 16), cfg).decision == "accept"
+    assert fixed_n_gate(_outs("+" * 20), cfg).decision == "continue"
+
+
+def test_decisions_are_deterministic_and_a_stop_is_final() -> None:
+    cfg = GateConfig()
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        outs = _aa(rng, cfg.max_tasks, 0.4)
+        full = sequential_gate(outs, cfg)
+        assert full == sequential_gate(list(outs), cfg)
+        assert full == list(_look_by_look(outs, cfg))[-1]  # appending after a stop changes nothing
+    # order matters: the same tasks, the winner's run first or last
+    first, last = _outs("+" * 8 + "-" * 6 + "=" * 50), _outs("=" * 50 + "-" * 6 + "+" * 8)
+    assert summarize(first) == summarize(last)
+    assert sequential_gate(first, cfg).decision == "accept"
+    assert sequential_gate(last, cfg).decision == "reject"
+
+
+def test_a_partial_group_is_not_a_look() -> None:
+    d = sequential_gate(_outs("=" * 8 + "+" * 4), GateConfig())
+    assert (d.decision, d.looks, d.tasks) == ("continue", 1, 8)
+    assert sequential_gate(_outs("+" * 5), GateConfig()).looks == 0
+
+
+def test_reason_is_one_readable_line() -> None:
+    cfg = GateConfig()
+    cases = ["+" * 8, "-" * 7 + "=", "=" * 64, "+=" * 32, "+-" * 32, "=" * 8, "+" * 3]
+    for pattern in cases:
+        for d in (sequential_gate(_outs(pattern), cfg), fixed_n_gate(_outs(pattern), cfg)):
+            assert d.reason and "\n" not in d.reason and len(d.reason) < 200, d.reason
+
+
+def test_bad_input_is_refused() -> None:
+    with pytest.raises(ValueError, match="appears twice"):
+        sequential_gate([PairedOutcome("a", False, True)] * 2, GateConfig())
+    with pytest.raises(ValueError, match="budget"):
+        sequential_gate(_outs("=" * 65), GateConfig())
+    with pytest.raises(ValueError, match="alpha"):
+        GateConfig(alpha=0)
