@@ -2,7 +2,7 @@
 simulated candidates whose true effect is known — rollouts used, agreement of decisions, and
 the false-promotion rate of candidates that do not help.
 
-    .venv/bin/python bench/gate_efficiency.py [--sims 4000] [--seed 0] [--baseline 0.5]
+    .venv/bin/python bench/gate_efficiency.py [--sims 10000] [--seed 0] [--baseline 0.5]
 
 Each simulated candidate gets `max_tasks` dev tasks. Per task the baseline succeeds with
 probability `--baseline`; the candidate then repairs a baseline failure with probability `fix`
@@ -71,7 +71,7 @@ def naive_peeking(outcomes: list[PairedOutcome], cfg: GateConfig) -> bool:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--sims", type=int, default=4000, help="simulated candidates per effect")
+    p.add_argument("--sims", type=int, default=10000, help="simulated candidates per effect")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", type=float, default=0.5, help="baseline success rate on dev tasks")
     p.add_argument("--max-tasks", type=int, default=64)
@@ -79,6 +79,7 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--max-regressions", type=float, default=0.1)
     p.add_argument("--futility", type=float, default=GateConfig.futility)
+    p.add_argument("--spending-rho", type=float, default=GateConfig.spending_rho)
     args = p.parse_args()
 
     cfg = GateConfig(
@@ -87,6 +88,7 @@ def main() -> None:
         look_every=args.look_every,
         max_regressions=args.max_regressions,
         futility=args.futility,
+        spending_rho=args.spending_rho,
     )
     rng = np.random.default_rng(args.seed)
     s = args.baseline
@@ -108,7 +110,7 @@ def main() -> None:
             seq_tasks += d_seq.tasks
             peek_acc += naive_peeking(outs, cfg)
             if d_seq.decision != d_fix.decision:
-                key = f"seq {d_seq.decision} ({d_seq.reason.split(':')[0]}), fixed {d_fix.decision}"
+                key = f"seq {d_seq.reason.split(':')[0]} / fixed {d_fix.reason.split(':')[0]}"
                 reasons[key] = reasons.get(key, 0) + 1
         n = args.sims
         mean_tasks = seq_tasks / n
@@ -121,6 +123,7 @@ def main() -> None:
                 "p_regression": round(s * brk, 3),
                 "sims": n,
                 "accept_fixed": fix_acc / n,
+                "accept_fixed_ci95": clopper_pearson(fix_acc, n),
                 "accept_sequential": seq_acc / n,
                 "accept_sequential_ci95": clopper_pearson(seq_acc, n),
                 "accept_naive_peeking": peek_acc / n,
@@ -148,7 +151,7 @@ def main() -> None:
         lo, hi = r["accept_sequential_ci95"]
         print(
             f"| {r['effect']} | {r['p_repair']:.3f} / {r['p_regression']:.3f} | {r['accept_fixed']:.1%} "
-            f"| {r['accept_sequential']:.1%} ({lo:.1%}–{hi:.1%}) | {r['accept_naive_peeking']:.1%} "
+            f"| {r['accept_sequential']:.1%} ({lo:.2%}–{hi:.2%}) | {r['accept_naive_peeking']:.1%} "
             f"| {r['agreement']:.1%} | {r['rollouts_sequential']:.1f} / {r['rollouts_fixed']} "
             f"({r['candidate_rollouts_sequential']:.1f} / {r['candidate_rollouts_fixed']}) "
             f"| {r['rollout_ratio']:.2f} |"

@@ -113,20 +113,39 @@ def run_slots(
     """
     if not slots:
         return summarize([], split="")
-    if policy.skills and rt.retriever is not None:
-        rt.retriever.sync(policy.skills)
-    done_ids = rt.store.finished_ids([s.id for s in slots], policy_version=policy.version)
-    todo = [s for s in slots if s.id not in done_ids]
-    total, finished = len(slots), len(done_ids)
+    skipped = play(rt, [(s, policy) for s in slots], settings_for, stage)
+    trajectories = [t for s in slots if (t := rt.store.get(s.id)) is not None]
+    rep = summarize(trajectories, split=slots[0].task.split, skipped=skipped)
+    rep.errors += len(slots) - len(trajectories)  # retries exhausted: nothing stored for the slot
+    return rep
+
+
+def play(
+    rt: LoopRuntime,
+    items: Sequence[tuple[RolloutSlot, Policy]],
+    settings_for: Callable[[RolloutSlot], ActorSettings],
+    stage: str,
+) -> int:
+    """Play each slot with its policy (several policies at once: the arms of A/B tests), skipping
+    slots already finished by that same policy version; returns how many were skipped."""
+    policies = {p.version: p for _, p in items}
+    if rt.retriever is not None:
+        for p in policies.values():
+            if p.skills:
+                rt.retriever.sync(p.skills)
+    done: set[str] = set()
+    for version in policies:
+        done |= rt.store.finished_ids(
+            [s.id for s, p in items if p.version == version], policy_version=version
+        )
+    todo = [(s, p) for s, p in items if s.id not in done]
+    total, finished = len(items), len(items) - len(todo)
     report(stage, finished, total)
-    futures = [rollout_task.submit(rt, s, policy, settings_for(s)) for s in todo]
+    futures = [rollout_task.submit(rt, s, p, settings_for(s)) for s, p in todo]
     for _ in as_completed(futures) if futures else ():
         finished += 1
         report(stage, finished, total)
-    trajectories = [t for s in slots if (t := rt.store.get(s.id)) is not None]
-    rep = summarize(trajectories, split=slots[0].task.split, skipped=len(done_ids))
-    rep.errors += len(slots) - len(trajectories)  # retries exhausted: nothing stored for the slot
-    return rep
+    return len(items) - len(todo)
 
 
 def summarize(trajectories: Sequence[Trajectory], split: str, skipped: int = 0) -> RolloutReport:

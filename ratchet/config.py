@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -98,6 +98,23 @@ class DistillSettings(BaseModel):
     tool_memory_mb: int = Field(default=256, ge=32, description="sandbox memory limit per tool call")
 
 
+class VerifySettings(BaseModel):
+    """The A/B gate (skills/intervention.py): a candidate runs against the champion on its
+    family's dev tasks, looked at every `look_every` tasks."""
+
+    alpha: float = Field(default=0.05, gt=0, lt=1, description="one-sided level: chance to admit a no-gain")
+    look_every: int = Field(default=8, ge=1, description="dev tasks per look (both arms), then the gate")
+    max_regressions: float = Field(
+        default=0.1, ge=0, le=1, description="admit only with regressions <= this share of tasks seen"
+    )
+    futility: float = Field(
+        default=0.05, ge=0, lt=1, description="stop early when success at the end is this unlikely; 0 = off"
+    )
+    promotion: Literal["auto", "manual"] = Field(
+        default="auto", description="auto: verified candidates go live at once; manual: a person promotes"
+    )
+
+
 class SkillSettings(BaseModel):
     k: int = Field(default=3, ge=0, description="promoted skills shown per task (most relevant first)")
     token_budget: int = Field(default=400, ge=0, description="prompt tokens the shown skills may take")
@@ -144,6 +161,7 @@ class Settings(BaseSettings):
     diagnose: DiagnoseSettings = Field(default_factory=DiagnoseSettings)
     distill: DistillSettings = Field(default_factory=DistillSettings)
     skills: SkillSettings = Field(default_factory=SkillSettings)
+    verify: VerifySettings = Field(default_factory=VerifySettings)
 
     @classmethod
     def settings_customise_sources(

@@ -107,20 +107,23 @@ def test_curtailment_when_even_all_repairs_cannot_win() -> None:
     assert d.decision == "reject" and d.tasks < 40 and "every remaining task is a repair" in d.reason
 
 
-@pytest.mark.parametrize(("max_tasks", "look_every", "discordance"), [(12, 4, 1.0), (8, 3, 0.5)])
+@pytest.mark.parametrize(
+    ("max_tasks", "look_every", "discordance", "at_least"), [(12, 4, 1.0, 0.07), (8, 3, 0.5, 0.03)]
+)
 def test_exact_false_accept_rate_is_at_most_alpha(
-    max_tasks: int, look_every: int, discordance: float
+    max_tasks: int, look_every: int, discordance: float, at_least: float
 ) -> None:
     """Enumerate every A/A history (each task a repair, a regression or unchanged with
     probability d/2, d/2, 1-d): the exact probability of admission is within alpha, without
-    the cap and futility stops that could only lower it, and not wastefully far below it."""
+    the cap and futility stops that could only lower it, and not wastefully below it (a design
+    that double-counted crossed paths would spend only half; discreteness costs the rest)."""
     cfg = GateConfig(alpha=0.1, max_tasks=max_tasks, look_every=look_every, max_regressions=1.0, futility=0.0)
     probs = {"+": discordance / 2, "-": discordance / 2, "=": 1 - discordance}
     total = 0.0
     for kinds in itertools.product("+-=" if discordance < 1 else "+-", repeat=max_tasks):
         if sequential_gate(_outs("".join(kinds)), cfg).decision == "accept":
             total += math.prod(probs[k] for k in kinds)
-    assert 0.3 * cfg.alpha < total <= cfg.alpha
+    assert at_least < total <= cfg.alpha
 
 
 @pytest.mark.parametrize("discordance", [0.3, 1.0])

@@ -1,0 +1,141 @@
+"""The verify stage: paired arms on the same dev tasks, the gate's decisions filed with evidence.
+
+A scripted policy with known effects stands in for the model (graph and flow logic only):
+it answers reasoning-gym dev tasks correctly exactly when the rules below say so, so each
+candidate's true effect is known. The real engine's A/A test belongs to the integration suite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage
+from prefect import flow
+
+from agents.actor import build_actor
+from agents.testing import ScriptedChatModel, call
+from flows.runtime import LoopRuntime
+from flows.verify import BASELINE, verify_stage
+from memory.trajectory_store import open_store
+from ratchet.config import load_settings
+from skills.format import Skill
+from skills.library import SkillLibrary
+from suites import get_suite
+
+FAMILY = "reasoning-gym:chain_sum"
+
+
+def _gold(suite: Any, n: int) -> dict[str, str]:
+    answers = {}
+    for task in suite.tasks("dev", n):
+        with suite.episode(task) as ep:
+            ep.reset()
+            answers[task.instruction] = ep.expert_actions()[0].args["answer"]
+    return answers
+
+
+def _policy(gold: dict[str, str]) -> Any:
+    """Right by default; HARMFUL in the system prompt makes it wrong, HELPFUL-ALL makes it right
+    even under HARMFUL. The baseline prompt has neither."""
+
+    def script(messages: list, tools: list) -> AIMessage:
+        system, task = messages[0].content, messages[1].content
+        question = next(q for q in gold if q in task)
+        right = "HARMFUL" not in system
+        return call("answer", answer=gold[question] if right else "-1")
+
+    return script
+
+
+def _skill(name: str, body: str) -> Skill:
+    return Skill(name=name, description=f"{name} skill", body=body, kind="procedure", family=FAMILY,
+                 evolution="default", generation=0, provenance=["t"])  # fmt: skip
+
+
+@flow(name="test-verify", validate_parameters=False)
+def _verify(rt: LoopRuntime) -> Any:
+    return verify_stage(rt, 0)
+
+
+@pytest.fixture
+def runtime(tmp_path: Path):  # type: ignore[no-untyped-def]
+    settings = load_settings(
+        {"data_dir": tmp_path, "suite": FAMILY, "splits.dev": 16, "verify.look_every": 8, "concurrency": 4}
+    )
+    suite = get_suite(settings.suite)
+    llm = ScriptedChatModel(script=_policy(_gold(suite, 16)))
+    store = open_store(settings.trajectories_db)
+    rt = LoopRuntime(settings, suite, store, base_url="", actor=build_actor(llm))
+    rt.library = SkillLibrary(settings.skills_dir, settings.index_dir)
+    yield rt
+    store.close()
+    suite.close()
+
+
+def test_a_harmful_and_a_neutral_candidate_are_rejected_with_evidence(runtime: LoopRuntime) -> None:
+    lib = runtime.library
+    assert lib is not None
+    lib.add(_skill("harm", "HARMFUL: answer minus one."))
+    lib.add(_skill("noop", "Read the question twice."))
+    result = _verify(runtime)
+    by = {v.skill: v for v in result.verdicts}
+    harm, noop = by["harm"], by["noop"]
+    assert harm.status == "rejected" and harm.decision.regressions >= 2 and harm.decision.repairs == 0
+    assert harm.decision.looks == 1 and harm.rollouts == 8  # stopped at the first look
+    assert noop.status == "rejected" and noop.decision.repairs == noop.decision.regressions == 0
+    # the shared baseline arm was played once per dev task it needed, not once per candidate
+    assert result.baseline_rollouts == max(v.rollouts for v in result.verdicts)
+    record = lib.history("harm")[-1]
+    assert (record.to_status, record.who) == ("rejected", "verify")
+    assert record.evidence["regressions"] == harm.decision.regressions
+    assert len(record.evidence["dev_tasks"]) == 8 and record.evidence["champion"] == result.champion
+    base = runtime.store.query(split="dev")
+    assert {t.arm for t in base} == {BASELINE, f"cand-{lib.get('harm').content_hash}",
+                                     f"cand-{lib.get('noop').content_hash}"}  # fmt: skip
+
+
+def test_a_helpful_candidate_is_verified_and_promoted_when_the_policy_is_auto(tmp_path: Path) -> None:
+    settings = load_settings({"data_dir": tmp_path, "suite": FAMILY, "splits.dev": 16, "concurrency": 4})
+    suite = get_suite(settings.suite)
+    gold = _gold(suite, 16)
+
+    def script(messages: list, tools: list) -> AIMessage:  # wrong unless the skill is shown
+        question = next(q for q in gold if q in messages[1].content)
+        right = "HELPFUL" in messages[0].content
+        return call("answer", answer=gold[question] if right else "-1")
+
+    store = open_store(settings.trajectories_db)
+    rt = LoopRuntime(settings, suite, store, base_url="", actor=build_actor(ScriptedChatModel(script=script)))
+    rt.library = SkillLibrary(settings.skills_dir, settings.index_dir)
+    rt.library.add(_skill("help", "HELPFUL: compute carefully."))
+    try:
+        result = _verify(rt)
+        v = result.verdicts[0]
+        assert v.status == "promoted" and v.decision.repairs == 8 and v.decision.looks == 1
+        assert [r.to_status for r in rt.library.history("help")] == ["candidate", "verified", "promoted"]
+        assert rt.live_policy().skills == (rt.library.get("help").text(),)
+        # deterministic and resumable: a second verify of a fresh copy replays nothing new
+        before = store.count()
+        rt.library.transition("help", "retired", who="test", why="again")
+        again = SkillLibrary(tmp_path / "skills2", tmp_path / "index2")
+        again.add(_skill("help", "HELPFUL: compute carefully."))
+        rt.library = again
+        second = _verify(rt)
+        assert store.count() == before  # every arm's rollouts were already stored
+        assert second.verdicts[0].decision == v.decision
+    finally:
+        store.close()
+        suite.close()
+
+
+def test_a_dev_split_too_small_for_the_gate_is_a_clear_error(runtime: LoopRuntime) -> None:
+    from ratchet.errors import ConfigError
+
+    runtime.settings.splits.dev = 3
+    assert runtime.library is not None
+    runtime.library.add(_skill("noop", "Read the question twice."))
+    with pytest.raises(ConfigError, match="set splits.dev to at least 5"):
+        _verify(runtime)
+    assert runtime.library.get("noop").status == "candidate"  # nothing was decided
