@@ -178,6 +178,17 @@ app.command()(failures)
 
 
 @app.command()
+def verify(generation: GenOpt = 0) -> None:
+    """A/B-test every candidate against the champion on dev tasks; file verified or rejected."""
+    with guard():
+        settings = load()
+        from flows.verify import verify_flow
+
+        result = _launch(verify_flow, settings, generation)
+        _print_verify(result)
+
+
+@app.command()
 def run(
     generation: GenOpt = 0,
     train: Annotated[int | None, typer.Option(help="train tasks per subset")] = None,
@@ -365,6 +376,35 @@ def _print_distill(result: Any) -> None:
     console.print(table)
     for d in result.dropped:
         console.print(f"[dim]dropped {d['job']}: {'; '.join(d['problems'])[:160]}[/]", highlight=False)
+
+
+def _print_verify(result: Any) -> None:
+    table = Table(
+        "candidate",
+        "kind",
+        "status",
+        "repairs",
+        "regressions",
+        "tasks",
+        "p",
+        "reason",
+        title=f"verify against champion {result.champion}",
+    )
+    for v in result.verdicts:
+        d = v.decision
+        row = [
+            v.skill,
+            v.kind,
+            v.status,
+            str(d.repairs),
+            str(d.regressions),
+            str(d.tasks),
+            f"{d.p_value:.3g}",
+        ]
+        table.add_row(*row, d.reason)
+    console.print(table)
+    if result.skipped:
+        console.print(f"[dim]not tested (no dev tasks in this suite): {', '.join(result.skipped)}[/]")
 
 
 def _terminate_gracefully(signum: int, frame: object) -> None:

@@ -147,3 +147,54 @@ def tools_serve(
             box.mcp.run(transport="http", host="127.0.0.1", port=port, show_banner=False)
         else:
             box.mcp.run(transport="stdio", show_banner=False)
+
+
+def _change(name: str, to: str, reason: str, by: str | None) -> None:
+    import getpass
+
+    from flows.runtime import policy_with
+    from ratchet.types import Policy
+
+    settings, library = _library()
+    before = policy_with(Policy(model=settings.model.name), library.list(status="promoted")).version
+    who = by or getpass.getuser()
+    if to == "rollback":
+        changed = library.rollback(name, who=who, why=reason)
+    else:
+        library.transition(name, to, who=who, why=reason)  # type: ignore[arg-type]
+        changed = [name]
+    after = policy_with(Policy(model=settings.model.name), library.list(status="promoted")).version
+    verb = "retired" if to == "rollback" else to
+    console.print(f"{verb}: {', '.join(changed)} · live policy {before} → {after}")
+
+
+ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit log)")]
+ByOpt = Annotated[str | None, typer.Option("--by", help="who decides (default: your user name)")]
+
+
+@skills_app.command("promote")
+def skills_promote(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
+    """Promote a verified skill: it goes live for the next rollouts."""
+    with guard():
+        _change(name, "promoted", reason, by)
+
+
+@skills_app.command("reject")
+def skills_reject(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
+    """Reject a candidate or verified skill."""
+    with guard():
+        _change(name, "rejected", reason, by)
+
+
+@skills_app.command("retire")
+def skills_retire(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
+    """Retire a promoted skill (it stops being live)."""
+    with guard():
+        _change(name, "retired", reason, by)
+
+
+@skills_app.command("rollback")
+def skills_rollback(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
+    """Undo a promotion and every promotion after it: the live policy is what it was before."""
+    with guard():
+        _change(name, "rollback", reason, by)

@@ -184,6 +184,20 @@ class SkillLibrary:
             self.index.upsert([name], [_document(skill)], [_metadata(skill) | {"status": to}])
             return record
 
+    def rollback(self, name: str, who: str, why: str) -> list[str]:
+        """Undo the promotion of `name` and of every skill promoted after it (newest first), so
+        the live set is exactly what it was just before `name` went live; returns the retired."""
+        promotions = [r.skill for r in self.history() if r.to_status == "promoted"]
+        if name not in promotions or self.get(name).status != "promoted":
+            raise SkillStateError(
+                f"skill {name!r} is not live", "rollback undoes a promotion: see `skills list`"
+            )
+        since = promotions[promotions.index(name) :]
+        live = [n for n in dict.fromkeys(reversed(since)) if self.get(n).status == "promoted"]
+        for n in live:
+            self.transition(n, "retired", who=who, why=f"rollback of {name}: {why}", expect="promoted")
+        return live
+
     def search(self, text: str, k: int = 5) -> list[tuple[Skill, float]]:
         """Skills most similar to `text` (cosine similarity), for `ratchet skills list --like`."""
         out = []

@@ -164,3 +164,28 @@ def test_concurrent_transitions_of_one_skill_exactly_one_wins(library: SkillLibr
 def test_unknown_skill_is_a_clear_error(library: SkillLibrary) -> None:
     with pytest.raises(SkillStateError, match="no skill named 'nope'"):
         library.get("nope")
+
+
+def test_rollback_restores_the_live_set_from_before_the_promotion(library: SkillLibrary) -> None:
+    from flows.runtime import policy_with
+    from ratchet.types import Policy
+
+    def live() -> str:
+        return policy_with(Policy(model="m"), library.list(status="promoted")).version
+
+    names = []
+    for i, body in enumerate(["Open doors first.", "Read the map before moving.", "Take the coin at once."]):
+        name = library.add(_skill(name=f"s{i}", body=body)).name
+        library.transition(name, "verified", who="verify", why="gate passed")
+        names.append(name)
+    versions = [live()]
+    for name in names:
+        library.transition(name, "promoted", who="ann", why="ship")
+        versions.append(live())
+    assert len(set(versions)) == 4
+    retired = library.rollback(names[1], who="bob", why="regressed in prod")
+    assert retired == [names[2], names[1]]  # newest first
+    assert live() == versions[1]  # exactly the policy that was live before names[1] went live
+    assert library.history(names[2])[-1].why == "rollback of s1: regressed in prod"
+    with pytest.raises(SkillStateError, match="not live"):
+        library.rollback(names[1], who="bob", why="again")
