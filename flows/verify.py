@@ -5,8 +5,11 @@ tasks with and without the candidate, same tasks, same seeds, greedy decoding. T
 arm is played once per generation and shared by every candidate; each candidate adds its
 own arm. All open candidates advance one look (`verify.look_every` tasks) at a time, their
 rollouts in one batch, and `skills.intervention.sequential_gate` decides after each look:
-accept → `verified` (and, with `verify.promotion = "auto"`, `promoted`), reject →
-`rejected`, each with its evidence in the audit log and the generation's MLflow run.
+accept → `verified`, reject → `rejected`, each with its evidence in the audit log and the
+generation's MLflow run. The newly verified candidates are then gated *together* against
+the champion (two helpful skills can conflict); if the set fails, only the strongest stays
+verified. With `verify.promotion = "auto"` the survivors are promoted at once; with
+`manual` they wait for a person (`ratchet skills promote`, the `promote` flow).
 
 A candidate is tested on the dev tasks of its own family (suite:subset): a coin skill can
 neither repair nor regress a sorting task, so those tasks would only dilute the test.
@@ -57,6 +60,7 @@ class VerifyResult:
     verdicts: list[Verdict] = field(default_factory=list)
     baseline_rollouts: int = 0
     skipped: list[str] = field(default_factory=list)  # candidates with no dev tasks in this suite
+    interaction: GateDecision | None = None  # the newly verified set, tested together
 
     def counts(self) -> dict[str, float]:
         by = defaultdict(int)
@@ -107,6 +111,52 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     promoted_tools = rt.library.list(status="promoted", kind="tool")
     rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])
 
+    result.skipped = [c.name for c in candidates if not dev.get(c.family)]  # another suite's: wait
+    candidates = [c for c in candidates if dev.get(c.family)]
+    trials = {c.name: (policy_with(champion, [c]), dev[c.family]) for c in candidates}
+    gates = run_gates(rt, generation, champion, trials, arm_of={c.name: arm_name(c) for c in candidates})
+    result.baseline_rollouts = gates.baseline_rollouts
+    verified = []
+    for c in candidates:
+        d, outcomes = gates.decisions[c.name], gates.outcomes[c.name]
+        evidence = _evidence(d, champion, trials[c.name][0], outcomes)
+        to = "verified" if d.decision == "accept" else "rejected"
+        rt.library.transition(c.name, to, who=who, why=d.reason, evidence=evidence, expect="candidate")
+        result.verdicts.append(Verdict(c.name, c.kind, c.family, d, to, evidence["dev_tasks"], len(outcomes)))
+        if to == "verified":
+            verified.append(c)
+    live = _interaction_check(rt, generation, champion, verified, dev, result, who)
+    for v in result.verdicts:
+        if v.skill in live and rt.settings.verify.promotion == "auto":
+            rt.library.transition(
+                v.skill, "promoted", who=f"{who}:auto", why="promotion policy 'auto'", expect="verified"
+            )
+            v.status = "promoted"
+    if mlflow.active_run() is not None:
+        _log(result)
+    return result
+
+
+@dataclass
+class Gates:
+    decisions: dict[str, GateDecision]
+    outcomes: dict[str, list[PairedOutcome]]
+    baseline_rollouts: int
+
+
+def run_gates(
+    rt: LoopRuntime,
+    generation: int,
+    champion: Policy,
+    trials: dict[str, tuple[Policy, list[Task]]],
+    arm_of: dict[str, str],
+) -> Gates:
+    """Gate every trial (a policy and its dev tasks) against `champion`, one look at a time.
+
+    All open trials advance together so their rollouts batch on the server; the baseline arm
+    (the champion on a dev task) is played once and shared by every trial that needs it."""
+    s = rt.settings
+
     def settings_for(slot: RolloutSlot) -> ActorSettings:
         seed = derive_seed("verify", slot.task.id, slot.rollout)  # the same in every arm: paired
         return ActorSettings(
@@ -119,49 +169,72 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     def slot(task: Task, arm: str) -> RolloutSlot:
         return RolloutSlot(s.evolution, generation, task, 0, arm)
 
-    result.skipped = [c.name for c in candidates if not dev.get(c.family)]  # another suite's: wait
-    candidates = [c for c in candidates if dev.get(c.family)]
-    open_ = {c.name: c for c in candidates}
-    arms: dict[str, Policy] = {c.name: policy_with(champion, [c]) for c in candidates}
+    open_ = dict(trials)
     outcomes: dict[str, list[PairedOutcome]] = defaultdict(list)
     decisions: dict[str, GateDecision] = {}
+    baseline: set[str] = set()
     look = 0
-    baseline_slots: set[str] = set()
     while open_:
         items: list[tuple[RolloutSlot, Policy]] = []
         batch: dict[str, list[Task]] = {}
-        for name, c in open_.items():
-            cfg = gate_config(s, len(dev[c.family]))
-            lo, hi = look * cfg.look_every, min((look + 1) * cfg.look_every, cfg.max_tasks)
-            batch[name] = dev[c.family][lo:hi]
+        for name, (policy, tasks) in open_.items():
+            step = gate_config(s, len(tasks)).look_every
+            batch[name] = tasks[look * step : (look + 1) * step]
             for task in batch[name]:
                 base = slot(task, BASELINE)
-                if base.id not in baseline_slots:
-                    baseline_slots.add(base.id)
+                if base.id not in baseline:
+                    baseline.add(base.id)
                     items.append((base, champion))
-                items.append((slot(task, arm_name(c)), arms[name]))
+                items.append((slot(task, arm_of[name]), policy))
         play(rt, items, settings_for, "verify")
-        for name, c in list(open_.items()):
+        for name, (_, tasks) in list(open_.items()):
             for task in batch[name]:
-                outcomes[name].append(
-                    PairedOutcome(task.id, _won(rt, slot(task, BASELINE)), _won(rt, slot(task, arm_name(c))))
-                )
-            decision = sequential_gate(outcomes[name], gate_config(s, len(dev[c.family])))
+                won = _won(rt, slot(task, BASELINE)), _won(rt, slot(task, arm_of[name]))
+                outcomes[name].append(PairedOutcome(task.id, *won))
+            decision = sequential_gate(outcomes[name], gate_config(s, len(tasks)))
             if decision.decision != "continue" or not batch[name]:
                 decisions[name] = decision
                 del open_[name]
         look += 1
-    result.baseline_rollouts = len(baseline_slots)
-    for c in candidates:
-        d = decisions[c.name]
-        evidence = _evidence(c, d, champion, arms.get(c.name), outcomes.get(c.name, []))
-        status = _decide(rt, c, d, evidence, who)
-        result.verdicts.append(
-            Verdict(c.name, c.kind, c.family, d, status, evidence["dev_tasks"], len(outcomes.get(c.name, [])))
-        )
-    if mlflow.active_run() is not None:
-        _log(result)
-    return result
+    return Gates(decisions, dict(outcomes), len(baseline))
+
+
+def _interaction_check(
+    rt: LoopRuntime,
+    generation: int,
+    champion: Policy,
+    verified: list[Skill],
+    dev: dict[str, list[Task]],
+    result: VerifyResult,
+    who: str,
+) -> set[str]:
+    """Gate the newly verified candidates *together* against the champion before any goes live.
+
+    Two skills that each help can conflict (contradictory advice, a prompt too long). If the
+    set does not pass, only the strongest single candidate (lowest p-value) stays verified and
+    the others are rejected as conflicting; they may be distilled and tested again later."""
+    assert rt.library is not None
+    names = {c.name for c in verified}
+    if len(verified) < 2:
+        return names
+    tasks = list({t.id: t for c in verified for t in dev[c.family]}.values())
+    together = policy_with(champion, verified)
+    gates = run_gates(
+        rt, generation, champion, {"set": (together, tasks)}, {"set": f"set-{together.version}"}
+    )
+    d = gates.decisions["set"]
+    result.interaction = d
+    if d.decision == "accept":
+        return names
+    by_p = sorted(result.verdicts, key=lambda v: (v.decision.p_value, v.skill))
+    keep = next(v.skill for v in by_p if v.skill in names)
+    for v in result.verdicts:
+        if v.skill in names and v.skill != keep:
+            why = f"conflicts in combination (kept {keep}): {d.reason}"
+            evidence = _evidence(d, champion, together, gates.outcomes["set"])
+            rt.library.transition(v.skill, "rejected", who=who, why=why, evidence=evidence, expect="verified")
+            v.status = "rejected"
+    return {keep}
 
 
 def _won(rt: LoopRuntime, slot: RolloutSlot) -> bool:
@@ -170,7 +243,7 @@ def _won(rt: LoopRuntime, slot: RolloutSlot) -> bool:
 
 
 def _evidence(
-    c: Skill, d: GateDecision, champion: Policy, arm: Policy | None, outcomes: list[PairedOutcome]
+    d: GateDecision, champion: Policy, arm: Policy, outcomes: list[PairedOutcome]
 ) -> dict[str, Any]:
     return {
         "decision": d.decision,
@@ -183,33 +256,17 @@ def _evidence(
         "tasks": d.tasks,
         "rollouts": 2 * len(outcomes),
         "champion": champion.version,
-        "arm": arm.version if arm else None,
+        "arm": arm.version,
         "dev_tasks": [o.task_id for o in outcomes],
         "pairs": [[o.task_id, o.baseline, o.candidate] for o in outcomes],
     }
 
 
-def _decide(rt: LoopRuntime, c: Skill, d: GateDecision, evidence: dict[str, Any], who: str) -> str:
-    """File the gate's decision in the library; with auto promotion a verified candidate goes live."""
-    assert rt.library is not None
-    if d.decision == "continue":  # cannot happen with a finite budget; kept as a safe no-op
-        return c.status
-    to = "rejected" if d.decision == "reject" else "verified"
-    rt.library.transition(c.name, to, who=who, why=d.reason, evidence=evidence, expect="candidate")
-    if to == "rejected":
-        return to
-    if rt.settings.verify.promotion == "auto":
-        rt.library.transition(
-            c.name, "promoted", who=f"{who}:auto", why="promotion policy 'auto'", expect="verified"
-        )
-        return "promoted"
-    return "verified"
-
-
 def _log(result: VerifyResult) -> None:
     mlflow.log_metrics(result.counts())
     rows = [asdict(v) | {"decision": asdict(v.decision)} for v in result.verdicts]
-    doc = {"champion": result.champion, "verdicts": rows, "skipped": result.skipped}
+    together = asdict(result.interaction) if result.interaction else None
+    doc = {"champion": result.champion, "verdicts": rows, "interaction": together, "skipped": result.skipped}
     mlflow.log_text(json.dumps(doc, indent=2), "verify/evidence.json")
 
 

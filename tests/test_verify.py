@@ -139,3 +139,62 @@ def test_a_dev_split_too_small_for_the_gate_is_a_clear_error(runtime: LoopRuntim
     with pytest.raises(ConfigError, match="set splits.dev to at least 5"):
         _verify(runtime)
     assert runtime.library.get("noop").status == "candidate"  # nothing was decided
+
+
+def _runtime_with(tmp_path: Path, rule: Any) -> LoopRuntime:
+    settings = load_settings({"data_dir": tmp_path, "suite": FAMILY, "splits.dev": 16, "concurrency": 4})
+    suite = get_suite(settings.suite)
+    gold = _gold(suite, 16)
+
+    def script(messages: list, tools: list) -> AIMessage:
+        question = next(q for q in gold if q in messages[1].content)
+        return call("answer", answer=gold[question] if rule(messages[0].content) else "-1")
+
+    rt = LoopRuntime(
+        settings,
+        suite,
+        open_store(settings.trajectories_db),
+        "",
+        build_actor(ScriptedChatModel(script=script)),
+    )
+    rt.library = SkillLibrary(settings.skills_dir, settings.index_dir)
+    return rt
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        # each helps alone, together they cancel: the set fails, the strongest alone goes live
+        (lambda system: ("ALPHA" in system) != ("BETA" in system), {"alpha": "promoted", "beta": "rejected"}),
+        # each helps alone and together: both go live
+        (lambda system: "ALPHA" in system or "BETA" in system, {"alpha": "promoted", "beta": "promoted"}),
+    ],
+)
+def test_newly_verified_candidates_are_gated_together(tmp_path: Path, rule: Any, expected: dict) -> None:
+    rt = _runtime_with(tmp_path, rule)
+    assert rt.library is not None
+    rt.library.add(_skill("alpha", "ALPHA: check the sum."))
+    rt.library.add(_skill("beta", "BETA: add left to right."))
+    try:
+        result = _verify(rt)
+        assert {v.skill: v.status for v in result.verdicts} == expected
+        assert result.interaction is not None
+        assert {s.name: s.status for s in rt.library.list()} == expected
+        if "rejected" in expected.values():
+            assert rt.library.history("beta")[-1].why.startswith("conflicts in combination (kept alpha)")
+    finally:
+        rt.store.close()
+        rt.suite.close()
+
+
+def test_manual_promotion_leaves_verified_candidates_for_a_person(tmp_path: Path) -> None:
+    rt = _runtime_with(tmp_path, lambda system: "ALPHA" in system)
+    rt.settings.verify.promotion = "manual"
+    assert rt.library is not None
+    rt.library.add(_skill("alpha", "ALPHA: check the sum."))
+    try:
+        result = _verify(rt)
+        assert result.verdicts[0].status == "verified" and rt.live_policy().skills == ()
+    finally:
+        rt.store.close()
+        rt.suite.close()
