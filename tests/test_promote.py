@@ -1,0 +1,83 @@
+"""The `promote` flow pauses for a person (Prefect RunInput) and applies what they decide."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+from prefect.flow_runs import resume_flow_run
+
+from flows.promote import apply_decisions, promote_flow
+from flows.runtime import open_library
+from ratchet.config import load_settings
+from skills.format import Skill
+
+
+def _verified(library, name: str, body: str) -> None:  # type: ignore[no-untyped-def]
+    library.add(
+        Skill(
+            name=name,
+            description=f"{name}.",
+            body=body,
+            kind="procedure",
+            family="reasoning-gym:chain_sum",
+            evolution="default",
+            generation=0,
+            provenance=["t"],
+        )
+    )
+    library.transition(
+        name,
+        "verified",
+        who="verify",
+        why="gate passed",
+        evidence={"repairs": 6, "regressions": 0, "p_value": 0.016, "reason": "significant"},
+    )
+
+
+def test_apply_decisions_reports_conflicts_instead_of_changing_twice(tmp_path: Path) -> None:
+    settings = load_settings({"data_dir": tmp_path})
+    library = open_library(settings)
+    _verified(library, "a", "Add left to right.")
+    _verified(library, "b", "Check the result twice.")
+    first = apply_decisions(library, ["a"], ["b"], who="ann", why="looks right")
+    assert (first.promoted, first.rejected, first.conflicts) == (["a"], ["b"], {})
+    second = apply_decisions(library, ["a", "b"], [], who="bob", why="me too")
+    assert second.promoted == [] and set(second.conflicts) == {"a", "b"}
+    assert "is promoted, not verified" in second.conflicts["a"]
+
+
+def test_promote_flow_waits_for_the_form_and_applies_it(tmp_path: Path) -> None:
+    settings = load_settings({"data_dir": tmp_path})
+    library = open_library(settings)
+    _verified(library, "a", "Add left to right.")
+    _verified(library, "b", "Check the result twice.")
+    name = f"promote-test-{time.time_ns()}"
+    out: dict = {}
+    runner = threading.Thread(
+        target=lambda: out.setdefault("result", promote_flow.with_options(flow_run_name=name)(settings, 300))
+    )
+    runner.start()
+    try:
+        flow_run = None
+        deadline = time.time() + 120
+        while time.time() < deadline and flow_run is None:
+            with get_client(sync_client=True) as client:
+                runs = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]))
+                )
+            flow_run = next((r for r in runs if r.state and r.state.is_paused()), None)
+            time.sleep(1)
+        assert flow_run is not None, "the promote flow never paused for input"
+        assert library.get("a").status == "verified"  # nothing changes before a person answers
+        resume_flow_run(
+            flow_run.id, run_input={"promote": ["a"], "reject": ["b"], "reason": "ok", "by": "ann"}
+        )
+    finally:
+        runner.join(timeout=120)
+    result = out["result"]
+    assert (result.promoted, result.rejected, result.waiting) == (["a"], ["b"], [])
+    assert library.history("a")[-1].who == "ann" and library.get("b").status == "rejected"
