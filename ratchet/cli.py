@@ -207,6 +207,21 @@ def run(
 
 
 @app.command()
+def api(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8780) -> None:
+    """Serve the HTTP API for deciding on skills (promote, reject, retire, rollback)."""
+    with guard():
+        import uvicorn
+
+        from dashboard.api import create_app
+        from server.launcher import check_port_free
+
+        settings = load()
+        check_port_free("127.0.0.1", port)
+        console.print(f"API on http://127.0.0.1:{port}/api (docs: /api/docs; Ctrl-C to stop)")
+        uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+
+
+@app.command()
 def doctor() -> None:
     """Check the installation: Java, the shipped model, the suites."""
     with guard():

@@ -1,0 +1,1 @@
+"""The dashboard: an HTTP API over the loop's state (pages come with the evolve issue)."""

@@ -1,0 +1,95 @@
+"""HTTP API for people deciding on skills: list, show, promote, reject, retire, rollback.
+
+The dashboard calls it; anything else may too (it binds to 127.0.0.1). Every change goes
+through the skill library with `expect` set to the status the caller saw, so two people
+acting on the same skill at once get one success and one `409 Conflict`, never a double
+change. Errors are one line in `{"detail": ...}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, Field
+
+from flows.runtime import open_library, policy_with
+from ratchet.config import Settings
+from ratchet.errors import SkillFileError, SkillStateError
+from ratchet.types import Policy
+from skills.library import SkillLibrary
+
+Action = Literal["promote", "reject", "retire", "rollback"]
+TARGET = {"promote": "promoted", "reject": "rejected", "retire": "retired"}
+EXPECT = {"promote": "verified", "reject": None, "retire": "promoted"}  # unless the caller says
+
+
+class Decision(BaseModel):
+    reason: str = Field(min_length=1, max_length=500, description="why (kept in the audit log)")
+    by: str = Field(min_length=1, max_length=100, description="who decides")
+    expect: str | None = Field(default=None, description="the status you saw; a mismatch is a 409")
+
+
+def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastAPI:
+    lib = library or open_library(settings)
+    app = FastAPI(title="ratchet", docs_url="/api/docs", openapi_url="/api/openapi.json")
+
+    def live() -> str:
+        return policy_with(Policy(model=settings.model.name), lib.list(status="promoted")).version
+
+    def load(name: str) -> Any:
+        try:
+            return lib.get(name)
+        except SkillStateError as exc:
+            raise HTTPException(404, str(exc)) from None
+        except SkillFileError as exc:
+            raise HTTPException(422, str(exc)) from None
+
+    @app.get("/api/skills")
+    def skills(status: str | None = None, kind: str | None = None) -> list[dict[str, Any]]:
+        found, _ = lib.scan()
+        return [
+            {
+                "name": s.name,
+                "kind": s.kind,
+                "status": s.status,
+                "family": s.family,
+                "generation": s.generation,
+                "description": s.description,
+                "provenance": len(s.provenance),
+            }
+            for s in found
+            if (status is None or s.status == status) and (kind is None or s.kind == kind)
+        ]
+
+    @app.get("/api/skills/{name}")
+    def skill(name: str) -> dict[str, Any]:
+        s = load(name)
+        history = [r.model_dump(mode="json") for r in lib.history(name)]
+        return s.model_dump(mode="json") | {"content_hash": s.content_hash, "history": history}
+
+    @app.get("/api/policy")
+    def policy() -> dict[str, Any]:
+        return {"version": live(), "promoted": [s.name for s in lib.list(status="promoted")]}
+
+    @app.post("/api/skills/{name}/{action}")
+    def decide(name: str, action: Action, decision: Decision) -> dict[str, Any]:
+        load(name)
+        before = live()
+        try:
+            if action == "rollback":
+                changed = lib.rollback(name, who=decision.by, why=decision.reason)
+            else:
+                expect = decision.expect or EXPECT[action]
+                lib.transition(name, TARGET[action], who=decision.by, why=decision.reason, expect=expect)  # type: ignore[arg-type]
+                changed = [name]
+        except SkillStateError as exc:
+            raise HTTPException(409, str(exc)) from None
+        return {
+            "changed": changed,
+            "status": lib.get(name).status,
+            "policy_before": before,
+            "policy_after": live(),
+        }
+
+    return app

@@ -1,0 +1,75 @@
+"""The HTTP API people (and the dashboard) use to decide on skills."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dashboard.api import create_app
+from flows.runtime import open_library
+from ratchet.config import load_settings
+from skills.format import Skill
+
+
+@pytest.fixture
+def client_and_library(tmp_path: Path):  # type: ignore[no-untyped-def]
+    settings = load_settings({"data_dir": tmp_path})
+    library = open_library(settings)
+    for name, body in (("a", "Add left to right."), ("b", "Check the result twice.")):
+        library.add(
+            Skill(
+                name=name,
+                description=f"{name}.",
+                body=body,
+                kind="procedure",
+                family="reasoning-gym:chain_sum",
+                evolution="default",
+                generation=0,
+                provenance=["t"],
+            )
+        )
+        library.transition(name, "verified", who="verify", why="gate passed", evidence={"repairs": 6})
+    return TestClient(create_app(settings, library)), library
+
+
+def test_promote_then_rollback_through_http(client_and_library) -> None:  # type: ignore[no-untyped-def]
+    client, library = client_and_library
+    assert [s["status"] for s in client.get("/api/skills").json()] == ["verified", "verified"]
+    start = client.get("/api/policy").json()["version"]
+    ok = client.post("/api/skills/a/promote", json={"reason": "helps", "by": "ann"})
+    assert ok.status_code == 200 and ok.json()["status"] == "promoted"
+    assert ok.json()["policy_before"] == start != ok.json()["policy_after"]
+    shown = client.get("/api/skills/a").json()
+    assert [h["to_status"] for h in shown["history"]] == ["candidate", "verified", "promoted"]
+    back = client.post("/api/skills/a/rollback", json={"reason": "regressed", "by": "bob"})
+    assert back.status_code == 200 and back.json()["policy_after"] == start
+
+
+def test_errors_are_clear_status_codes(client_and_library) -> None:  # type: ignore[no-untyped-def]
+    client, _ = client_and_library
+    assert client.post("/api/skills/nope/promote", json={"reason": "x", "by": "y"}).status_code == 404
+    assert client.post("/api/skills/a/promote", json={"reason": "", "by": "y"}).status_code == 422
+    assert client.post("/api/skills/a/fly", json={"reason": "x", "by": "y"}).status_code == 422
+    retire = client.post("/api/skills/a/retire", json={"reason": "x", "by": "y"})
+    assert retire.status_code == 409 and "is verified, not promoted" in retire.json()["detail"]
+
+
+def test_two_people_promoting_at_once_one_wins_one_conflicts(client_and_library) -> None:  # type: ignore[no-untyped-def]
+    client, library = client_and_library
+    codes: list[int] = []
+    barrier = threading.Barrier(2)
+
+    def promote(who: str) -> None:
+        barrier.wait()
+        codes.append(client.post("/api/skills/b/promote", json={"reason": "mine", "by": who}).status_code)
+
+    threads = [threading.Thread(target=promote, args=(w,)) for w in ("ann", "bob")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == [200, 409]
+    assert [r.to_status for r in library.history("b")].count("promoted") == 1
