@@ -15,6 +15,7 @@ from langchain_core.language_models import BaseChatModel
 
 from agents.actor import build_actor
 from agents.model import chat_model
+from flows.tracking import audit_logger
 from memory.retrieval import SkillRetriever
 from memory.trajectory_store import TrajectoryStore, open_store
 from memory.vector_index import VectorIndex
@@ -141,7 +142,10 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
 
 
 def open_library(settings: Settings) -> SkillLibrary:
-    return SkillLibrary(settings.skills_dir, settings.index_dir, settings.distill.merge_similarity)
+    """The skill library; every status change is also logged to the evolution's MLflow run."""
+    return SkillLibrary(
+        settings.skills_dir, settings.index_dir, settings.distill.merge_similarity, audit_logger(settings)
+    )
 
 
 def teacher_model(settings: Settings, policy_url: str) -> BaseChatModel:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,17 +28,21 @@ def experiment_name(evolution: str) -> str:
     return f"ratchet-{evolution}"
 
 
-def setup(settings: Settings) -> str:
-    """Point MLflow at the data dir's store; return the evolution's experiment id."""
+def setup_experiment(settings: Settings) -> str:
+    """The evolution's experiment id (created with its artifact location on first use)."""
     mlflow.set_tracking_uri(settings.mlflow_uri)
     name = experiment_name(settings.evolution)
     client = MlflowClient()
     exp = client.get_experiment_by_name(name)
-    if exp is None:
-        location = (settings.mlflow_artifacts / settings.evolution).as_uri()
-        exp_id = client.create_experiment(name, artifact_location=location)
-    else:
-        exp_id = exp.experiment_id
+    if exp is not None:
+        return exp.experiment_id
+    location = (settings.mlflow_artifacts / settings.evolution).as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def setup(settings: Settings) -> str:
+    """Point MLflow at the data dir's store; return the evolution's experiment id."""
+    exp_id = setup_experiment(settings)
     mlflow.set_experiment(experiment_id=exp_id)
     if settings.trace_sample_rate > 0:
         os.environ["MLFLOW_TRACE_SAMPLING_RATIO"] = str(settings.trace_sample_rate)
@@ -132,3 +136,24 @@ def log_bar_plot(
 
 def log_summary(summary: dict[str, Any], stage: str) -> None:
     mlflow.log_text(json.dumps(summary, indent=2, default=str), f"summary/{stage}.json")
+
+
+def audit_logger(settings: Settings) -> Callable[[Any], None]:
+    """Log each skill status change (who, when, why, evidence) to the evolution's parent run,
+    whichever process made it (a flow, the CLI, the HTTP API), without touching active runs."""
+
+    def log(record: Any) -> None:
+        mlflow.set_tracking_uri(settings.mlflow_uri)
+        client = MlflowClient()
+        exp_id = setup_experiment(settings)
+        tags = {KIND: "evolution", EVOLUTION: settings.evolution}
+        run_id = (
+            _find_run(client, exp_id, tags)
+            or client.create_run(exp_id, tags=tags, run_name=f"evolution {settings.evolution}").info.run_id
+        )
+        stamp = record.at.strftime("%Y%m%dT%H%M%S%f")
+        client.log_text(
+            run_id, record.model_dump_json(indent=2), f"audit/{record.skill}/{stamp}-{record.to_status}.json"
+        )
+
+    return log

@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -61,8 +61,13 @@ class SkillLibrary:
     """Skills on disk plus their index. One writer process at a time (Chroma's rule too)."""
 
     def __init__(
-        self, root: Path, index_dir: Path | None = None, merge_similarity: float = MERGE_SIMILARITY
+        self,
+        root: Path,
+        index_dir: Path | None = None,
+        merge_similarity: float = MERGE_SIMILARITY,
+        on_change: Callable[[AuditRecord], None] | None = None,
     ) -> None:
+        self.on_change = on_change  # told of every status change once it is on disk (e.g. MLflow)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.index_dir = index_dir or self.root / ".index"
@@ -147,7 +152,9 @@ class SkillLibrary:
                 )
             )
             self.index.upsert([name], [_document(skill)], [_metadata(skill)])
-            return AddResult(name, "added", "candidate")
+        if self.on_change is not None:
+            self.on_change(self.history(name)[-1])
+        return AddResult(name, "added", "candidate")
 
     def transition(
         self,
@@ -182,7 +189,9 @@ class SkillLibrary:
             self._write(skill.model_copy(update={"status": to}))
             self._append(record)
             self.index.upsert([name], [_document(skill)], [_metadata(skill) | {"status": to}])
-            return record
+        if self.on_change is not None:
+            self.on_change(record)
+        return record
 
     def rollback(self, name: str, who: str, why: str) -> list[str]:
         """Undo the promotion of `name` and of every skill promoted after it (newest first), so

@@ -46,6 +46,21 @@ def test_promote_then_rollback_through_http(client_and_library) -> None:  # type
     assert [h["to_status"] for h in shown["history"]] == ["candidate", "verified", "promoted"]
     back = client.post("/api/skills/a/rollback", json={"reason": "regressed", "by": "bob"})
     assert back.status_code == 200 and back.json()["policy_after"] == start
+    # every status change is also in the evolution's MLflow run, with who, why and evidence
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    settings = load_settings({"data_dir": library.root.parent})
+    mlf = MlflowClient(settings.mlflow_uri)
+    exp = mlf.get_experiment_by_name("ratchet-default")
+    (run,) = mlf.search_runs([exp.experiment_id], "tags.`ratchet.kind` = 'evolution'")
+    files = [f.path for f in mlf.list_artifacts(run.info.run_id, "audit/a")]
+    statuses = [p.rsplit("-", 1)[1].removesuffix(".json") for p in sorted(files)]
+    assert statuses == ["candidate", "verified", "promoted", "retired"]
+    promoted = next(p for p in files if p.endswith("promoted.json"))
+    record = json.loads(Path(mlf.download_artifacts(run.info.run_id, promoted)).read_text())
+    assert (record["who"], record["why"]) == ("ann", "helps")
 
 
 def test_errors_are_clear_status_codes(client_and_library) -> None:  # type: ignore[no-untyped-def]

@@ -57,27 +57,31 @@ def test_promote_flow_waits_for_the_form_and_applies_it(tmp_path: Path) -> None:
     _verified(library, "b", "Check the result twice.")
     name = f"promote-test-{time.time_ns()}"
     out: dict = {}
-    runner = threading.Thread(
-        target=lambda: out.setdefault("result", promote_flow.with_options(flow_run_name=name)(settings, 300))
-    )
+    def run() -> None:
+        try:
+            out["result"] = promote_flow.with_options(flow_run_name=name)(settings, 600)
+        except BaseException as exc:  # surfaced below instead of a silent timeout
+            out["error"] = exc
+
+    runner = threading.Thread(target=run)
     runner.start()
     try:
         flow_run = None
-        deadline = time.time() + 120
-        while time.time() < deadline and flow_run is None:
+        deadline = time.time() + 300  # a loaded machine starts the ephemeral API slowly
+        while time.time() < deadline and flow_run is None and runner.is_alive():
             with get_client(sync_client=True) as client:
                 runs = client.read_flow_runs(
                     flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]))
                 )
             flow_run = next((r for r in runs if r.state and r.state.is_paused()), None)
             time.sleep(1)
-        assert flow_run is not None, "the promote flow never paused for input"
+        assert flow_run is not None, f"the promote flow never paused for input: {out.get('error')!r}"
         assert library.get("a").status == "verified"  # nothing changes before a person answers
         resume_flow_run(
             flow_run.id, run_input={"promote": ["a"], "reject": ["b"], "reason": "ok", "by": "ann"}
         )
     finally:
-        runner.join(timeout=120)
+        runner.join(timeout=300)
     result = out["result"]
     assert (result.promoted, result.rejected, result.waiting) == (["a"], ["b"], [])
     assert library.history("a")[-1].who == "ann" and library.get("b").status == "rejected"
