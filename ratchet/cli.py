@@ -178,10 +178,13 @@ app.command()(failures)
 
 
 @app.command()
-def verify(generation: GenOpt = 0) -> None:
+def verify(
+    generation: GenOpt = 0,
+    dev: Annotated[int | None, typer.Option(help="dev tasks per subset (the gate's budget)")] = None,
+) -> None:
     """A/B-test every candidate against the champion on dev tasks; file verified or rejected."""
     with guard():
-        settings = load()
+        settings = load(**{"splits.dev": dev})
         from flows.verify import verify_flow
 
         result = _launch(verify_flow, settings, generation)

@@ -50,8 +50,16 @@ def _policy(gold: dict[str, str]) -> Any:
 
 
 def _skill(name: str, body: str) -> Skill:
-    return Skill(name=name, description=f"{name} skill", body=body, kind="procedure", family=FAMILY,
-                 evolution="default", generation=0, provenance=["t"])  # fmt: skip
+    return Skill(
+        name=name,
+        description=f"{name} skill",
+        body=body,
+        kind="procedure",
+        family=FAMILY,
+        evolution="default",
+        generation=0,
+        provenance=["t"],
+    )
 
 
 @flow(name="test-verify", validate_parameters=False)
@@ -92,8 +100,11 @@ def test_a_harmful_and_a_neutral_candidate_are_rejected_with_evidence(runtime: L
     assert record.evidence["regressions"] == harm.decision.regressions
     assert len(record.evidence["dev_tasks"]) == 8 and record.evidence["champion"] == result.champion
     base = runtime.store.query(split="dev")
-    assert {t.arm for t in base} == {BASELINE, f"cand-{lib.get('harm').content_hash}",
-                                     f"cand-{lib.get('noop').content_hash}"}  # fmt: skip
+    assert {t.arm for t in base} == {
+        BASELINE,
+        f"cand-{lib.get('harm').content_hash}",
+        f"cand-{lib.get('noop').content_hash}",
+    }
 
 
 def test_a_helpful_candidate_is_verified_and_promoted_when_the_policy_is_auto(tmp_path: Path) -> None:
@@ -198,3 +209,32 @@ def test_manual_promotion_leaves_verified_candidates_for_a_person(tmp_path: Path
     finally:
         rt.store.close()
         rt.suite.close()
+
+
+@pytest.mark.integration
+def test_same_seeds_same_evidence_on_the_real_engine(embedded_server: str, tmp_path: Path) -> None:
+    """Greedy decoding, the same dev tasks and seeds: a second verify from scratch (fresh store
+    and library) reaches the same pairs, counts and decision."""
+    from flows.launch import run_flow
+    from flows.runtime import open_library
+    from flows.verify import verify_flow
+
+    decisions = []
+    for attempt in ("first", "second"):
+        settings = load_settings(
+            {
+                "data_dir": tmp_path / attempt,
+                "suite": FAMILY,
+                "splits.dev": 8,
+                "max_steps": 3,
+                "concurrency": 4,
+                "verify.promotion": "manual",
+            }
+        )
+        open_library(settings).add(_skill("sum-care", "Add the numbers one at a time, left to right."))
+        result = run_flow(verify_flow, settings, generation=0, base_url=embedded_server)
+        (verdict,) = result.verdicts
+        pairs = open_library(settings).history("sum-care")[-1].evidence["pairs"]
+        decisions.append((verdict.decision, pairs, result.champion))
+    assert decisions[0] == decisions[1]
+    assert len(decisions[0][1]) >= 5  # at least one full look was played

@@ -1,0 +1,173 @@
+"""A/A on the real engine: how often does the verify gate admit a candidate that cannot help?
+
+Each candidate is an *irrelevant* skill (advice about cooking, gardening, travel...) for an
+arithmetic family. It changes the prompt, so with the real model (SmolLM2-135M on the
+embedded server) the candidate arm's answers differ from the baseline's on some tasks in
+both directions: real noise, not identical arms. It cannot help on purpose, so every
+admission is a false promotion. Reported with a 95% Clopper-Pearson interval.
+
+    .venv/bin/python bench/aa_gate.py [--gates 40] [--dev 16] [--max-steps 3]
+
+Promotion is `manual` here, so every gate runs against the same champion. One verify run
+plays the shared baseline arm once and the candidates' arms in batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOPICS = [
+    ("bread", "let the dough rest before baking"),
+    ("tomatoes", "water the roots, not the leaves"),
+    ("trains", "check the platform twice"),
+    ("bicycles", "keep the chain oiled"),
+    ("tea", "warm the pot first"),
+    ("roses", "prune in early spring"),
+    ("camping", "pitch the tent on high ground"),
+    ("painting", "prime the wall first"),
+    ("sailing", "watch the wind on the water"),
+    ("chess", "control the centre"),
+    ("coffee", "grind the beans just before brewing"),
+    ("knitting", "count stitches every row"),
+    ("hiking", "carry more water than you expect to need"),
+    ("soup", "add salt at the end"),
+    ("birds", "fill the feeder in winter"),
+    ("photography", "keep the sun behind you"),
+    ("pottery", "wedge the clay well"),
+    ("running", "warm up for ten minutes"),
+    ("cheese", "let it breathe before serving"),
+    ("fishing", "go out at dawn"),
+    ("skiing", "lean forward on steep slopes"),
+    ("orchids", "water them once a week"),
+    ("guitar", "tune before every session"),
+    ("beekeeping", "move slowly near the hive"),
+    ("origami", "crease each fold sharply"),
+    ("sourdough", "feed the starter daily"),
+    ("kayaking", "keep your paddle blade vertical"),
+    ("astronomy", "let your eyes adapt to the dark"),
+    ("woodwork", "measure twice and cut once"),
+    ("swimming", "breathe out under water"),
+    ("calligraphy", "hold the pen at a steady angle"),
+    ("composting", "turn the heap every week"),
+    ("juggling", "throw to eye height"),
+    ("climbing", "keep three points of contact"),
+    ("wine", "store bottles on their side"),
+    ("dogs", "reward calm behaviour"),
+    ("bonsai", "repot every two years"),
+    ("pasta", "salt the water generously"),
+    ("sewing", "press each seam open"),
+    ("cycling tours", "pack a spare inner tube"),
+]
+
+
+def irrelevant_skills(n: int, family: str) -> list:
+    from skills.format import Skill
+
+    out = []
+    for i in range(n):
+        topic, advice = TOPICS[i % len(TOPICS)]
+        out.append(
+            Skill(
+                name=f"aa-{topic.replace(' ', '-')}-{i}",
+                description=f"Advice about {topic}.",
+                body=f"When: you deal with {topic}.\n\nWhat to do:\n1. {advice.capitalize()}.",
+                kind="procedure",
+                family=family,
+                evolution="aa",
+                generation=0,
+                provenance=["bench"],
+            )
+        )
+    return out
+
+
+def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
+    from scipy.stats import beta
+
+    a = (1 - conf) / 2
+    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+    return lo, hi
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--gates", type=int, default=40)
+    p.add_argument("--dev", type=int, default=16, help="dev tasks (max tasks per gate)")
+    p.add_argument("--suite", default="reasoning-gym:chain_sum")
+    p.add_argument("--max-steps", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--data-dir", type=Path, default=None, help="reuse (resume) a previous run's state")
+    args = p.parse_args()
+
+    from flows.launch import run_flow
+    from flows.runtime import open_library
+    from flows.verify import verify_flow
+    from ratchet.config import load_settings
+    from ratchet.runtime_env import prepare_environment
+
+    data = args.data_dir or Path(tempfile.mkdtemp(prefix="ratchet-aa-"))
+    settings = load_settings(
+        {
+            "data_dir": data,
+            "evolution": "aa",
+            "suite": args.suite,
+            "splits.dev": args.dev,
+            "max_steps": args.max_steps,
+            "concurrency": args.concurrency,
+            "verify.promotion": "manual",
+        }
+    )
+    prepare_environment(settings)
+    library = open_library(settings)
+    family = args.suite.split(",")[0]
+    for skill in irrelevant_skills(args.gates, family):
+        if skill.name not in library.names():
+            library.add(skill, who="bench")
+    started = time.perf_counter()
+    result = run_flow(verify_flow, settings, generation=0)
+    wall = time.perf_counter() - started
+    gates = [v for v in result.verdicts if v.skill.startswith("aa-")]
+    accepted = [v for v in gates if v.decision.decision == "accept"]
+    discordant = [v.decision.repairs + v.decision.regressions for v in gates]
+    lo, hi = clopper_pearson(len(accepted), len(gates))
+    summary = {
+        "suite": args.suite,
+        "gates": len(gates),
+        "accepted": len(accepted),
+        "false_promotion_rate": len(accepted) / max(1, len(gates)),
+        "ci95": [lo, hi],
+        "alpha": settings.verify.alpha,
+        "gates_with_discordant_pairs": sum(d > 0 for d in discordant),
+        "mean_discordant": sum(discordant) / max(1, len(discordant)),
+        "repairs": sum(v.decision.repairs for v in gates),
+        "regressions": sum(v.decision.regressions for v in gates),
+        "candidate_rollouts": sum(v.rollouts for v in gates),
+        "baseline_rollouts": result.baseline_rollouts,
+        "wall_seconds": round(wall, 1),
+        "data_dir": str(data),
+    }
+    rate, alpha = summary["false_promotion_rate"], settings.verify.alpha
+    print(
+        f"A/A on {args.suite}: {len(accepted)}/{len(gates)} irrelevant candidates admitted "
+        f"(rate {rate:.1%}, 95% CI {lo:.1%}-{hi:.1%}; alpha {alpha}); "
+        f"{summary['gates_with_discordant_pairs']} gates saw discordant pairs "
+        f"({summary['repairs']} repairs, {summary['regressions']} regressions in all); "
+        f"{summary['candidate_rollouts']} candidate + {result.baseline_rollouts} baseline rollouts, "
+        f"{wall:.0f} s"
+    )
+    out = ROOT / "bench" / "results" / "aa_gate.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
