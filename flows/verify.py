@@ -95,7 +95,10 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     champion = rt.live_policy()
     candidates = rt.library.list(status="candidate")
     result = VerifyResult(champion.version)
-    if not candidates:
+    auto = s.verify.promotion == "auto"
+    # verified by an earlier run that stopped before promoting (auto only; manual ones wait for a person)
+    pending = rt.library.list(status="verified") if auto else []
+    if not candidates and not pending:
         return result
     dev: dict[str, list[Task]] = defaultdict(list)
     for task in rt.suite.tasks("dev", s.splits.dev):
@@ -116,7 +119,8 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     trials = {c.name: (policy_with(champion, [c]), dev[c.family]) for c in candidates}
     gates = run_gates(rt, generation, champion, trials, arm_of={c.name: arm_name(c) for c in candidates})
     result.baseline_rollouts = gates.baseline_rollouts
-    verified = []
+    verified = list(pending)
+    p_of = {v.name: _last_p(rt, v.name) for v in verified}
     for c in candidates:
         d, outcomes = gates.decisions[c.name], gates.outcomes[c.name]
         evidence = _evidence(d, champion, trials[c.name][0], outcomes)
@@ -125,13 +129,15 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
         result.verdicts.append(Verdict(c.name, c.kind, c.family, d, to, evidence["dev_tasks"], len(outcomes)))
         if to == "verified":
             verified.append(c)
-    live = _interaction_check(rt, generation, champion, verified, dev, result, who)
-    for v in result.verdicts:
-        if v.skill in live and rt.settings.verify.promotion == "auto":
-            rt.library.transition(
-                v.skill, "promoted", who=f"{who}:auto", why="promotion policy 'auto'", expect="verified"
-            )
-            v.status = "promoted"
+            p_of[c.name] = d.p_value
+    live = _interaction_check(rt, generation, champion, verified, p_of, dev, result, who)
+    status = {v.skill: v for v in result.verdicts}
+    for name in sorted(live) if auto else []:
+        rt.library.transition(
+            name, "promoted", who=f"{who}:auto", why="promotion policy 'auto'", expect="verified"
+        )
+        if name in status:
+            status[name].status = "promoted"
     if mlflow.active_run() is not None:
         _log(result)
     return result
@@ -199,11 +205,18 @@ def run_gates(
     return Gates(decisions, dict(outcomes), len(baseline))
 
 
+def _last_p(rt: LoopRuntime, name: str) -> float:
+    assert rt.library is not None
+    records = [r for r in rt.library.history(name) if r.to_status == "verified"]
+    return float(records[-1].evidence.get("p_value", 1.0)) if records else 1.0
+
+
 def _interaction_check(
     rt: LoopRuntime,
     generation: int,
     champion: Policy,
     verified: list[Skill],
+    p_of: dict[str, float],
     dev: dict[str, list[Task]],
     result: VerifyResult,
     who: str,
@@ -217,7 +230,7 @@ def _interaction_check(
     names = {c.name for c in verified}
     if len(verified) < 2:
         return names
-    tasks = list({t.id: t for c in verified for t in dev[c.family]}.values())
+    tasks = list({t.id: t for c in verified for t in dev.get(c.family, [])}.values())
     together = policy_with(champion, verified)
     gates = run_gates(
         rt, generation, champion, {"set": (together, tasks)}, {"set": f"set-{together.version}"}
@@ -226,14 +239,14 @@ def _interaction_check(
     result.interaction = d
     if d.decision == "accept":
         return names
-    by_p = sorted(result.verdicts, key=lambda v: (v.decision.p_value, v.skill))
-    keep = next(v.skill for v in by_p if v.skill in names)
-    for v in result.verdicts:
-        if v.skill in names and v.skill != keep:
-            why = f"conflicts in combination (kept {keep}): {d.reason}"
-            evidence = _evidence(d, champion, together, gates.outcomes["set"])
-            rt.library.transition(v.skill, "rejected", who=who, why=why, evidence=evidence, expect="verified")
-            v.status = "rejected"
+    keep = min(names, key=lambda n: (p_of[n], n))
+    status = {v.skill: v for v in result.verdicts}
+    for name in sorted(names - {keep}):
+        why = f"conflicts in combination (kept {keep}): {d.reason}"
+        evidence = _evidence(d, champion, together, gates.outcomes["set"])
+        rt.library.transition(name, "rejected", who=who, why=why, evidence=evidence, expect="verified")
+        if name in status:
+            status[name].status = "rejected"
     return {keep}
 
 

@@ -57,6 +57,7 @@ def test_promote_flow_waits_for_the_form_and_applies_it(tmp_path: Path) -> None:
     _verified(library, "b", "Check the result twice.")
     name = f"promote-test-{time.time_ns()}"
     out: dict = {}
+
     def run() -> None:
         try:
             out["result"] = promote_flow.with_options(flow_run_name=name)(settings, 600)

@@ -238,3 +238,16 @@ def test_same_seeds_same_evidence_on_the_real_engine(embedded_server: str, tmp_p
         decisions.append((verdict.decision, pairs, result.champion))
     assert decisions[0] == decisions[1]
     assert len(decisions[0][1]) >= 5  # at least one full look was played
+
+
+def test_a_verified_candidate_left_by_a_killed_run_is_promoted_by_the_next(tmp_path: Path) -> None:
+    rt = _runtime_with(tmp_path, lambda system: "ALPHA" in system)
+    assert rt.library is not None
+    rt.library.add(_skill("alpha", "ALPHA: check the sum."))
+    rt.library.transition("alpha", "verified", who="verify", why="gate passed", evidence={"p_value": 0.004})
+    try:
+        result = _verify(rt)  # no candidates left, but one verified that never went live
+        assert result.verdicts == [] and rt.library.get("alpha").status == "promoted"
+    finally:
+        rt.store.close()
+        rt.suite.close()
