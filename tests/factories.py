@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ratchet.types import Step, ToolCall, Trajectory
 
 
@@ -55,4 +57,28 @@ def traj(
         success=success,
         done=success if done is None else done,
         max_steps=max_steps,
+    )
+
+
+def add_verified(library: Any, name: str, body: str, family: str = "reasoning-gym:chain_sum") -> None:
+    """File a procedure and pass it through the gate by hand (for tests of what comes after)."""
+    from skills.format import Skill
+
+    skill = Skill(
+        name=name,
+        description=f"{name}.",
+        body=body,
+        kind="procedure",
+        family=family,
+        evolution="default",
+        generation=0,
+        provenance=["t"],
+    )
+    library.add(skill)
+    library.transition(
+        name,
+        "verified",
+        who="verify",
+        why="gate passed",
+        evidence={"repairs": 6, "regressions": 0, "p_value": 0.016, "reason": "significant"},
     )

@@ -11,27 +11,15 @@ from fastapi.testclient import TestClient
 from dashboard.api import create_app
 from flows.runtime import open_library
 from ratchet.config import load_settings
-from skills.format import Skill
+from tests.factories import add_verified
 
 
 @pytest.fixture
 def client_and_library(tmp_path: Path):  # type: ignore[no-untyped-def]
     settings = load_settings({"data_dir": tmp_path})
     library = open_library(settings)
-    for name, body in (("a", "Add left to right."), ("b", "Check the result twice.")):
-        library.add(
-            Skill(
-                name=name,
-                description=f"{name}.",
-                body=body,
-                kind="procedure",
-                family="reasoning-gym:chain_sum",
-                evolution="default",
-                generation=0,
-                provenance=["t"],
-            )
-        )
-        library.transition(name, "verified", who="verify", why="gate passed", evidence={"repairs": 6})
+    add_verified(library, "a", "Add left to right.")
+    add_verified(library, "b", "Check the result twice.")
     return TestClient(create_app(settings, library)), library
 
 

@@ -13,36 +13,14 @@ from prefect.flow_runs import resume_flow_run
 from flows.promote import apply_decisions, promote_flow
 from flows.runtime import open_library
 from ratchet.config import load_settings
-from skills.format import Skill
-
-
-def _verified(library, name: str, body: str) -> None:  # type: ignore[no-untyped-def]
-    library.add(
-        Skill(
-            name=name,
-            description=f"{name}.",
-            body=body,
-            kind="procedure",
-            family="reasoning-gym:chain_sum",
-            evolution="default",
-            generation=0,
-            provenance=["t"],
-        )
-    )
-    library.transition(
-        name,
-        "verified",
-        who="verify",
-        why="gate passed",
-        evidence={"repairs": 6, "regressions": 0, "p_value": 0.016, "reason": "significant"},
-    )
+from tests.factories import add_verified
 
 
 def test_apply_decisions_reports_conflicts_instead_of_changing_twice(tmp_path: Path) -> None:
     settings = load_settings({"data_dir": tmp_path})
     library = open_library(settings)
-    _verified(library, "a", "Add left to right.")
-    _verified(library, "b", "Check the result twice.")
+    add_verified(library, "a", "Add left to right.")
+    add_verified(library, "b", "Check the result twice.")
     first = apply_decisions(library, ["a"], ["b"], who="ann", why="looks right")
     assert (first.promoted, first.rejected, first.conflicts) == (["a"], ["b"], {})
     second = apply_decisions(library, ["a", "b"], [], who="bob", why="me too")
@@ -53,8 +31,8 @@ def test_apply_decisions_reports_conflicts_instead_of_changing_twice(tmp_path: P
 def test_promote_flow_waits_for_the_form_and_applies_it(tmp_path: Path) -> None:
     settings = load_settings({"data_dir": tmp_path})
     library = open_library(settings)
-    _verified(library, "a", "Add left to right.")
-    _verified(library, "b", "Check the result twice.")
+    add_verified(library, "a", "Add left to right.")
+    add_verified(library, "b", "Check the result twice.")
     name = f"promote-test-{time.time_ns()}"
     out: dict = {}
 
