@@ -98,6 +98,65 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
+def run_aa(
+    gates: int = 40,
+    dev: int = 16,
+    suite: str = "reasoning-gym:chain_sum",
+    max_steps: int = 3,
+    concurrency: int = 8,
+    data_dir: Path | None = None,
+    base_url: str | None = None,
+) -> dict:
+    """Gate `gates` irrelevant candidates against the base policy; the summary of what passed."""
+    from flows.launch import run_flow
+    from flows.runtime import open_library
+    from flows.verify import verify_flow
+    from ratchet.config import load_settings
+    from ratchet.runtime_env import prepare_environment
+
+    data = data_dir or Path(tempfile.mkdtemp(prefix="ratchet-aa-"))
+    settings = load_settings(
+        {
+            "data_dir": data,
+            "evolution": "aa",
+            "suite": suite,
+            "splits.dev": dev,
+            "max_steps": max_steps,
+            "concurrency": concurrency,
+            "verify.promotion": "manual",
+        }
+    )
+    prepare_environment(settings)
+    library = open_library(settings)
+    family = suite.split(",")[0]
+    for skill in irrelevant_skills(gates, family):
+        if skill.name not in library.names():
+            library.add(skill, who="bench")
+    started = time.perf_counter()
+    result = run_flow(verify_flow, settings, generation=0, base_url=base_url)
+    wall = time.perf_counter() - started
+    verdicts = [v for v in result.verdicts if v.skill.startswith("aa-")]
+    accepted = [v for v in verdicts if v.decision.decision == "accept"]
+    discordant = [v.decision.repairs + v.decision.regressions for v in verdicts]
+    lo, hi = clopper_pearson(len(accepted), len(verdicts))
+    return {
+        "suite": suite,
+        "gates": len(verdicts),
+        "accepted": len(accepted),
+        "false_promotion_rate": len(accepted) / max(1, len(verdicts)),
+        "ci95": [lo, hi],
+        "alpha": settings.verify.alpha,
+        "gates_with_discordant_pairs": sum(d > 0 for d in discordant),
+        "mean_discordant": sum(discordant) / max(1, len(discordant)),
+        "repairs": sum(v.decision.repairs for v in verdicts),
+        "regressions": sum(v.decision.regressions for v in verdicts),
+        "candidate_rollouts": sum(v.rollouts for v in verdicts),
+        "baseline_rollouts": result.baseline_rollouts,
+        "wall_seconds": round(wall, 1),
+        "data_dir": str(data),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--gates", type=int, default=40)
@@ -107,62 +166,15 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--data-dir", type=Path, default=None, help="reuse (resume) a previous run's state")
     args = p.parse_args()
-
-    from flows.launch import run_flow
-    from flows.runtime import open_library
-    from flows.verify import verify_flow
-    from ratchet.config import load_settings
-    from ratchet.runtime_env import prepare_environment
-
-    data = args.data_dir or Path(tempfile.mkdtemp(prefix="ratchet-aa-"))
-    settings = load_settings(
-        {
-            "data_dir": data,
-            "evolution": "aa",
-            "suite": args.suite,
-            "splits.dev": args.dev,
-            "max_steps": args.max_steps,
-            "concurrency": args.concurrency,
-            "verify.promotion": "manual",
-        }
-    )
-    prepare_environment(settings)
-    library = open_library(settings)
-    family = args.suite.split(",")[0]
-    for skill in irrelevant_skills(args.gates, family):
-        if skill.name not in library.names():
-            library.add(skill, who="bench")
-    started = time.perf_counter()
-    result = run_flow(verify_flow, settings, generation=0)
-    wall = time.perf_counter() - started
-    gates = [v for v in result.verdicts if v.skill.startswith("aa-")]
-    accepted = [v for v in gates if v.decision.decision == "accept"]
-    discordant = [v.decision.repairs + v.decision.regressions for v in gates]
-    lo, hi = clopper_pearson(len(accepted), len(gates))
-    summary = {
-        "suite": args.suite,
-        "gates": len(gates),
-        "accepted": len(accepted),
-        "false_promotion_rate": len(accepted) / max(1, len(gates)),
-        "ci95": [lo, hi],
-        "alpha": settings.verify.alpha,
-        "gates_with_discordant_pairs": sum(d > 0 for d in discordant),
-        "mean_discordant": sum(discordant) / max(1, len(discordant)),
-        "repairs": sum(v.decision.repairs for v in gates),
-        "regressions": sum(v.decision.regressions for v in gates),
-        "candidate_rollouts": sum(v.rollouts for v in gates),
-        "baseline_rollouts": result.baseline_rollouts,
-        "wall_seconds": round(wall, 1),
-        "data_dir": str(data),
-    }
-    rate, alpha = summary["false_promotion_rate"], settings.verify.alpha
+    summary = run_aa(args.gates, args.dev, args.suite, args.max_steps, args.concurrency, args.data_dir)
+    lo, hi = summary["ci95"]
     print(
-        f"A/A on {args.suite}: {len(accepted)}/{len(gates)} irrelevant candidates admitted "
-        f"(rate {rate:.1%}, 95% CI {lo:.1%}-{hi:.1%}; alpha {alpha}); "
+        f"A/A on {args.suite}: {summary['accepted']}/{summary['gates']} irrelevant candidates admitted "
+        f"(rate {summary['false_promotion_rate']:.1%}, 95% CI {lo:.1%}-{hi:.1%}; alpha {summary['alpha']}); "
         f"{summary['gates_with_discordant_pairs']} gates saw discordant pairs "
         f"({summary['repairs']} repairs, {summary['regressions']} regressions in all); "
-        f"{summary['candidate_rollouts']} candidate + {result.baseline_rollouts} baseline rollouts, "
-        f"{wall:.0f} s"
+        f"{summary['candidate_rollouts']} candidate + {summary['baseline_rollouts']} baseline rollouts, "
+        f"{summary['wall_seconds']:.0f} s"
     )
     out = ROOT / "bench" / "results" / "aa_gate.json"
     out.parent.mkdir(exist_ok=True)

@@ -303,3 +303,20 @@ def test_a_tool_that_solves_the_family_is_promoted_on_the_real_engine(
     (verdict,) = result.verdicts
     assert verdict.status == "promoted", verdict.decision.reason
     assert verdict.decision.repairs > verdict.decision.regressions
+
+
+@pytest.mark.slow
+def test_aa_gates_on_the_real_engine_admit_at_most_alpha(embedded_server: str, tmp_path: Path) -> None:
+    """40 irrelevant candidates against the real model (~20 min on 2 cores; the numbers of one
+    run are in bench/RESULTS.md): at most alpha of them may pass."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "aa_gate", Path(__file__).parents[1] / "bench" / "aa_gate.py"
+    )
+    assert spec is not None and spec.loader is not None
+    aa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aa)
+    summary = aa.run_aa(gates=40, data_dir=tmp_path, base_url=embedded_server)
+    assert summary["gates"] == 40
+    assert summary["accepted"] <= int(0.05 * 40)
