@@ -253,58 +253,6 @@ def test_a_verified_candidate_left_by_a_killed_run_is_promoted_by_the_next(tmp_p
         rt.suite.close()
 
 
-CHAIN_SUM_SOLVER = '''
-import re
-
-
-def run(task: str) -> str:
-    """Evaluate the 'a + b - c =' problem in the task text."""
-    problem = task.split(":", 1)[1].split("=", 1)[0]
-    tokens = re.findall(r"[+-]|\\d+", problem)
-    total, sign = 0, 1
-    for tok in tokens:
-        if tok in "+-":
-            sign = 1 if tok == "+" else -1
-        else:
-            total += sign * int(tok)
-    return str(total)
-'''
-
-
-@pytest.mark.integration
-def test_a_tool_that_solves_the_family_is_promoted_on_the_real_engine(
-    embedded_server: str, tmp_path: Path
-) -> None:
-    """Known effect, real model: a function tool that computes chain_sum answers. The base
-    model solves ~0% of these; with the tool's answer as its latest observation it submits it."""
-    from flows.launch import run_flow
-    from flows.runtime import open_library
-    from flows.verify import verify_flow
-    from skills.format import ToolSource
-
-    settings = load_settings(
-        {"data_dir": tmp_path, "suite": FAMILY, "splits.dev": 16, "max_steps": 4, "concurrency": 8}
-    )
-    solver = Skill(
-        name="chain-sum-solver",
-        description="Computes the answer to this arithmetic problem.",
-        body="A function tool: call it, then submit what it returns.",
-        kind="tool",
-        family=FAMILY,
-        evolution="default",
-        generation=0,
-        provenance=["t"],
-        tool=ToolSource(
-            kind="function", parameters={"type": "object", "properties": {}}, code=CHAIN_SUM_SOLVER
-        ),
-    )
-    open_library(settings).add(solver)
-    result = run_flow(verify_flow, settings, generation=0, base_url=embedded_server)
-    (verdict,) = result.verdicts
-    assert verdict.status == "promoted", verdict.decision.reason
-    assert verdict.decision.repairs > verdict.decision.regressions
-
-
 @pytest.mark.slow
 def test_aa_gates_on_the_real_engine_admit_at_most_alpha(embedded_server: str, tmp_path: Path) -> None:
     """40 irrelevant candidates against the real model (~20 min on 2 cores; the numbers of one
