@@ -84,6 +84,10 @@ class EmbeddedServer:
         env = dict(
             os.environ,
             OMP_NUM_THREADS=os.environ.get("RATCHET_SERVER_THREADS", "2"),
+            # Idle OpenMP threads sleep instead of spinning. On a shared machine a spinning
+            # team waits for a descheduled thread at every op: 16x slower with one busy
+            # neighbour, 0.87x when the machine is quiet (bench/server_contention.py).
+            OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false",
