@@ -84,7 +84,7 @@ def build_actor(llm: BaseChatModel) -> Any:
 
     def model(state: ActorState, runtime: Runtime[RolloutContext]) -> dict[str, Any]:
         ctx = runtime.context
-        step = Step(index=len(ctx.steps), observation=_join(ctx.observation, ctx.options))
+        step = Step(index=len(ctx.steps), observation=join_options(ctx.observation, ctx.options))
         started = time.perf_counter()
         try:
             call = None
@@ -170,7 +170,9 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step)
         *window,
     ]
     if ctx.options:  # current options go with the latest message only, never into history
-        prompt[-1] = prompt[-1].model_copy(update={"content": _join(str(prompt[-1].content), ctx.options)})
+        prompt[-1] = prompt[-1].model_copy(
+            update={"content": join_options(str(prompt[-1].content), ctx.options)}
+        )
     tool_defs = [t.to_openai() for t in (*ctx.episode.tools(), *ctx.policy.tools)]
     seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
     bound = llm.bind_tools(tool_defs, tool_choice="required")
@@ -234,7 +236,8 @@ def _play(ctx: RolloutContext, name: str, plan: list[ToolCall]) -> StepResult:
     return result
 
 
-def _join(text: str, options: str) -> str:
+def join_options(text: str, options: str) -> str:
+    """What the model sees: an observation with the current options (e.g. valid actions) appended."""
     return f"{text}\n{options}" if options else text
 
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state
+from agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state, join_options
 from agents.model import is_transient
 from ratchet.types import Policy, SkillText, Step, Task, Trajectory, trajectory_id
 from suites.base import ActionError, Suite
@@ -105,7 +105,7 @@ def run_expert(suite: Suite, slot: RolloutSlot) -> Trajectory | None:
         for call in plan[: task.max_steps]:
             step = Step(
                 index=len(steps),
-                observation=f"{observation}\n{options}" if options else observation,
+                observation=join_options(observation, options),  # as the actor records it
                 tool_call=call,
                 source="expert",
             )

@@ -34,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agents.actor import join_options  # noqa: E402
 from diagnosis.attribution import SuccessTree  # noqa: E402
 from ratchet.types import Attribution, Step, Task, ToolCall, Trajectory  # noqa: E402
 from suites.base import ActionError, Episode  # noqa: E402
@@ -48,10 +49,6 @@ METHOD_LABELS = {
 
 def act(action: str) -> ToolCall:
     return ToolCall(name="act", args={"action": action})
-
-
-def _join(text: str, options: str) -> str:  # as the actor shows it to the model
-    return f"{text}\n{options}" if options else text
 
 
 def play(
@@ -98,7 +95,9 @@ def play(
             if not others:
                 return traj, None, False
             action = injected = rng.choice(others)
-        step = Step(index=i, observation=_join(observation, options), tool_call=act(action), source="expert")
+        step = Step(
+            index=i, observation=join_options(observation, options), tool_call=act(action), source="expert"
+        )
         try:
             result = episode.step(step.tool_call)  # type: ignore[arg-type]
         except ActionError as exc:

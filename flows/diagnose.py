@@ -61,9 +61,8 @@ def diagnose_stage(rt: LoopRuntime, generation: int) -> DiagnoseResult:
         rt.store.put_diagnoses([future.result()])
         done += 1
         report("diagnose", done, len(failures))
-    diagnoses = [
-        d for d in rt.store.diagnoses(s.evolution, generation) if d.trajectory_id in {t.id for t in failures}
-    ]
+    failed = {t.id for t in failures}
+    diagnoses = [d for d in rt.store.diagnoses(s.evolution, generation) if d.trajectory_id in failed]
     clusters = cluster_failures(rt, diagnoses, generation)
     result = DiagnoseResult(len(failures), len(todo), dict(Counter(d.mode for d in diagnoses)), clusters)
     if mlflow.active_run() is not None:

@@ -40,7 +40,7 @@ def explore_stage(rt: LoopRuntime, generation: int, policy: Policy) -> StageResu
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
         seed = derive_seed(s.seed, slot.id)
-        return _actor_settings(s, slot, s.explore.temperature, s.explore.epsilon, seed)
+        return actor_settings(s, slot, s.explore.temperature, s.explore.epsilon, seed)
 
     result = _run(rt, "explore", "train", generation, policy, s.explore.rollouts_per_task, settings_for)
     if s.explore.experts:
@@ -71,14 +71,15 @@ def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Spli
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
         seed = derive_seed("evaluate", slot.task.id, slot.rollout)  # independent of settings.seed
-        return _actor_settings(s, slot, s.evaluate.temperature, 0.0, seed)
+        return actor_settings(s, slot, s.evaluate.temperature, 0.0, seed)
 
     return _run(rt, "evaluate", split, generation, policy, s.evaluate.rollouts_per_task, settings_for)
 
 
-def _actor_settings(
+def actor_settings(
     s: Settings, slot: RolloutSlot, temperature: float, epsilon: float, seed: int
 ) -> ActorSettings:
+    """How one slot is played: the stage's sampling, the suite's (or the settings') step budget."""
     return ActorSettings(
         max_steps=s.max_steps or slot.task.max_steps,
         temperature=temperature,

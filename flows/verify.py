@@ -33,7 +33,7 @@ from agents.rollout import RolloutSlot
 from flows import tracking
 from flows.rollouts import play
 from flows.runtime import LoopRuntime, open_runtime, policy_with
-from flows.stages import derive_seed
+from flows.stages import actor_settings, derive_seed
 from ratchet.config import Settings
 from ratchet.errors import ConfigError
 from ratchet.types import Policy, Task
@@ -165,12 +165,7 @@ def run_gates(
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
         seed = derive_seed("verify", slot.task.id, slot.rollout)  # the same in every arm: paired
-        return ActorSettings(
-            max_steps=s.max_steps or slot.task.max_steps,
-            temperature=s.evaluate.temperature,
-            history_window=s.history_window,
-            seed=seed,
-        )
+        return actor_settings(s, slot, s.evaluate.temperature, 0.0, seed)
 
     def slot(task: Task, arm: str) -> RolloutSlot:
         return RolloutSlot(s.evolution, generation, task, 0, arm)
