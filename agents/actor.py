@@ -27,7 +27,7 @@ from langgraph.runtime import Runtime
 
 from agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
-from ratchet.types import TOOL_ERROR, Policy, SkillText, Step, ToolCall
+from ratchet.types import TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
 from suites.base import ActionError, Episode, StepResult
 
 
@@ -72,6 +72,23 @@ class RolloutContext:
     @property
     def budget_left(self) -> bool:
         return len(self.steps) < self.settings.max_steps
+
+    @property
+    def system_text(self) -> str:
+        return system_prompt(self.policy.skills if self.skills is None else self.skills)
+
+    def tool_defs(self) -> list[dict[str, Any]]:
+        """The environment's tools of this step, then the policy's."""
+        return [t.to_openai() for t in (*self.episode.tools(), *self.policy.tools)]
+
+    def prompt_record(self, task: str, first_observation: str) -> PromptRecord:
+        return PromptRecord(
+            system=self.system_text,
+            task=task,
+            first_observation=first_observation,
+            tools=self.tool_defs(),
+            window=self.settings.history_window,
+        )
 
 
 class ActorState(TypedDict):
@@ -163,24 +180,28 @@ def build_actor(llm: BaseChatModel) -> Any:
 
 def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step) -> AIMessage:
     """One model call: system prompt with skills, the task, the last few steps; tool choice required."""
-    window = state["messages"][2 * history_start(len(state["messages"]) // 2, ctx.settings.history_window) :]
-    prompt: list[AnyMessage] = [
-        SystemMessage(system_prompt(ctx.policy.skills if ctx.skills is None else ctx.skills)),
-        HumanMessage(state["task"]),
-        *window,
-    ]
-    if ctx.options:  # current options go with the latest message only, never into history
-        prompt[-1] = prompt[-1].model_copy(
-            update={"content": join_options(str(prompt[-1].content), ctx.options)}
-        )
-    tool_defs = [t.to_openai() for t in (*ctx.episode.tools(), *ctx.policy.tools)]
+    prompt = build_prompt(
+        ctx.system_text, state["task"], state["messages"], ctx.settings.history_window, ctx.options
+    )
     seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
-    bound = llm.bind_tools(tool_defs, tool_choice="required")
+    bound = llm.bind_tools(ctx.tool_defs(), tool_choice="required")
     msg = bound.invoke(prompt, temperature=ctx.settings.temperature, seed=seed)
     usage = getattr(msg, "usage_metadata", None) or {}
     step.prompt_tokens = int(usage.get("input_tokens", 0))
     step.completion_tokens = int(usage.get("output_tokens", 0))
     return msg  # type: ignore[return-value]
+
+
+def build_prompt(
+    system: str, task: str, history: list[AnyMessage], window: int, options: str
+) -> list[AnyMessage]:
+    """The messages of one model call. Training replays stored trajectories through this same
+    function (training/examples.py), so the fine-tuning data is exactly what the actor sent."""
+    shown = history[2 * history_start(len(history) // 2, window) :]
+    prompt: list[AnyMessage] = [SystemMessage(system), HumanMessage(task), *shown]
+    if options:  # current options go with the latest message only, never into history
+        prompt[-1] = prompt[-1].model_copy(update={"content": join_options(str(prompt[-1].content), options)})
+    return prompt
 
 
 def history_start(n_steps: int, window: int) -> int:

@@ -8,7 +8,8 @@ from typing import Any
 
 from agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state, join_options
 from agents.model import is_transient
-from ratchet.types import Policy, SkillText, Step, Task, Trajectory, trajectory_id
+from agents.prompts import system_prompt, task_prompt
+from ratchet.types import Policy, PromptRecord, SkillText, Step, Task, Trajectory, trajectory_id
 from suites.base import ActionError, Suite
 
 
@@ -54,9 +55,11 @@ def run_rollout(
             tool_runner=tool_runner,
             skills=skills,
         )
+        state = initial_state(task.instruction, first.observation)
+        prompt = ctx.prompt_record(state["task"], first.observation)
         try:
             actor.invoke(
-                initial_state(task.instruction, first.observation),
+                state,
                 context=ctx,
                 config={
                     "recursion_limit": 4 * settings.max_steps + 8,
@@ -72,6 +75,7 @@ def run_rollout(
         slot,
         seed=settings.seed,
         policy_version=policy.version,
+        prompt=prompt,
         steps=ctx.steps,
         status="error" if error else "finished",
         done=outcome is not None,
@@ -87,7 +91,7 @@ EXPERT_ROLLOUT = -1  # the rollout index of a task's expert trajectory
 EXPERT_POLICY = "expert"
 
 
-def run_expert(suite: Suite, slot: RolloutSlot) -> Trajectory | None:
+def run_expert(suite: Suite, slot: RolloutSlot, window: int = 10) -> Trajectory | None:
     """Play the suite's reference solution for `slot.task`; None if the suite knows none.
 
     Expert trajectories are tagged `kind='expert'`: usable for distillation and training,
@@ -102,6 +106,13 @@ def run_expert(suite: Suite, slot: RolloutSlot) -> Trajectory | None:
         if not plan:
             return None
         observation, options = result.observation, result.options
+        prompt = PromptRecord(  # what the actor would have been shown with no skills: trainable
+            system=system_prompt(()),
+            task=task_prompt(task.instruction, observation),
+            first_observation=observation,
+            tools=[t.to_openai() for t in episode.tools()],
+            window=window,
+        )
         for call in plan[: task.max_steps]:
             step = Step(
                 index=len(steps),
@@ -125,6 +136,7 @@ def run_expert(suite: Suite, slot: RolloutSlot) -> Trajectory | None:
         seed=task.seed,
         policy_version=EXPERT_POLICY,
         kind="expert",
+        prompt=prompt,
         steps=steps,
         done=True,
         max_steps=task.max_steps,

@@ -36,9 +36,9 @@ def signals(traj: Trajectory, success_lengths: list[int] | None = None) -> list[
     if traj.status == "error":
         out.append(Signal(mode="environment_error", step=_last(traj), evidence=(traj.error or "")[:200]))
     out.extend(_rejected(traj))
-    loop = _action_loop(traj) or _state_loop(traj)
-    if loop is not None:
-        out.append(loop)
+    looped = loop(traj)
+    if looped is not None:
+        out.append(looped)
     acted = len(action_path(traj))
     if traj.done and not traj.success:
         shortest = min(success_lengths) if success_lengths else None
@@ -67,6 +67,11 @@ def signals(traj: Trajectory, success_lengths: list[int] | None = None) -> list[
             used = f"used all {len(traj.steps)} steps"
             out.append(Signal(mode="budget_exhausted", step=_last(traj), evidence=used))
     return sorted(out, key=lambda s: (s.step if s.step is not None else 10**9, PRECEDENCE.index(s.mode)))
+
+
+def loop(traj: Trajectory) -> Signal | None:
+    """The first action loop or repeated state, if any (also how training spots lucky passes)."""
+    return _action_loop(traj) or _state_loop(traj)
 
 
 def primary_mode(traj: Trajectory, found: list[Signal]) -> FailureMode:

@@ -57,7 +57,7 @@ def seed_experts(rt: LoopRuntime, generation: int) -> int:
     ]
     have = rt.store.finished_ids([sl.id for sl in slots])
     for slot in slots:
-        if slot.id not in have and (traj := run_expert(rt.suite, slot)) is not None:
+        if slot.id not in have and (traj := run_expert(rt.suite, slot, s.history_window)) is not None:
             rt.store.put(traj)
             have.add(slot.id)
     if mlflow.active_run() is not None:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -115,6 +115,46 @@ class VerifySettings(BaseModel):
     )
 
 
+class LoraSettings(BaseModel):
+    """LoRA hyperparameters (peft). Part of an adapter's identity: change one and it trains anew."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int = Field(default=16, ge=1, description="LoRA rank r")
+    alpha: int = Field(default=32, ge=1, description="LoRA scaling alpha (effective scale alpha/r)")
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    targets: tuple[str, ...] = Field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj"), min_length=1, description="modules to adapt"
+    )
+    lr: float = Field(default=5e-4, gt=0, description="AdamW learning rate (linear decay to 0)")
+    epochs: int = Field(default=3, ge=1)
+    batch_size: int = Field(default=8, ge=1, description="examples per optimizer step")
+    max_tokens: int = Field(default=1024, ge=16, description="longer examples are dropped, not truncated")
+    seed: int = Field(default=0)
+
+
+class FinetuneSettings(BaseModel):
+    """The fine-tune stage: which successes become data, and whether to train or export."""
+
+    mode: Literal["auto", "lora", "export"] = Field(
+        default="auto",
+        description="lora: train an adapter here; export: write the dataset (OpenAI fine-tuning JSONL) "
+        "for a remote model; auto: lora on the embedded model, export for a remote endpoint",
+    )
+    experts: bool = Field(
+        default=False, description="also learn from expert trajectories (reported; the headline is without)"
+    )
+    per_task: int = Field(default=2, ge=1, description="shortest distinct successes kept per task")
+    loops: Literal["cut", "drop"] = Field(
+        default="cut",
+        description="successes with a loop: cut = learn all but the repeated turns; drop = learn none",
+    )
+    min_new_successes: int = Field(
+        default=4, ge=0, description="skip the stage unless this many kept successes are new since the last"
+    )
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+
+
 class SkillSettings(BaseModel):
     k: int = Field(default=3, ge=0, description="promoted skills shown per task (most relevant first)")
     token_budget: int = Field(default=400, ge=0, description="prompt tokens the shown skills may take")
@@ -162,6 +202,7 @@ class Settings(BaseSettings):
     distill: DistillSettings = Field(default_factory=DistillSettings)
     skills: SkillSettings = Field(default_factory=SkillSettings)
     verify: VerifySettings = Field(default_factory=VerifySettings)
+    finetune: FinetuneSettings = Field(default_factory=FinetuneSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -206,6 +247,10 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return (self.data_dir / "models").resolve()
+
+    @property
+    def adapters_dir(self) -> Path:
+        return (self.data_dir / "adapters").resolve()
 
     @property
     def logs_dir(self) -> Path:

@@ -65,6 +65,18 @@ class Step(BaseModel):
     seconds: float = 0.0
 
 
+class PromptRecord(BaseModel):
+    """What stays fixed in the actor's prompt for a whole rollout, stored so a trajectory can
+    be replayed into the exact prompts the model saw (training data, `training/examples.py`).
+    The rest comes from the steps: history, and each step's observation with its options."""
+
+    system: str = Field(description="system prompt, with the skills shown for this task")
+    task: str = Field(description="the first user message: instruction and first observation")
+    first_observation: str = Field(description="the first observation alone (without options)")
+    tools: list[dict[str, Any]] = Field(default_factory=list, description="tool definitions (OpenAI)")
+    window: int = Field(description="history window the actor trimmed past steps with")
+
+
 class Trajectory(BaseModel):
     """One rollout of a policy on a task. Stored even when it ends in an error."""
 
@@ -81,6 +93,7 @@ class Trajectory(BaseModel):
     policy_version: str
     kind: Literal["agent", "expert"] = "agent"
     instruction: str = ""
+    prompt: PromptRecord | None = Field(default=None, description="the fixed part of the actor's prompt")
     steps: list[Step] = Field(default_factory=list)
     status: Literal["finished", "error"] = "finished"
     done: bool = Field(default=False, description="the environment ended the episode (vs. budget or error)")

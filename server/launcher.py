@@ -57,6 +57,33 @@ def check_endpoint(base_url: str, api_key: str = "x", timeout: float = 10.0) -> 
         ) from None
 
 
+def ensure_adapter(base_url: str, name: str, path: Path, api_key: str = "x", timeout: float = 120.0) -> None:
+    """Make `name` a served model: load the LoRA adapter at `path` unless it is already served.
+
+    The request is vLLM's (`POST /v1/load_lora_adapter`), which the embedded server speaks too;
+    a remote server must be able to read `path` (a shared filesystem)."""
+    if name in check_endpoint(base_url, api_key):
+        return
+    try:
+        r = httpx.post(
+            f"{base_url}/load_lora_adapter",
+            json={"lora_name": name, "lora_path": str(path)},
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+        )
+    except httpx.HTTPError as exc:
+        raise EndpointError(
+            f"cannot load adapter {name} into {base_url} ({type(exc).__name__})", "is it up?"
+        ) from None
+    if r.status_code != 200:
+        detail = r.text[:200].replace("\n", " ")
+        raise EndpointError(
+            f"{base_url} refused to load adapter {name} from {path} (HTTP {r.status_code}: {detail})",
+            "a remote server needs LoRA enabled (vLLM: --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) "
+            "and read access to the path; or set finetune.mode = 'export'",
+        )
+
+
 class EmbeddedServer:
     """Context manager: `with EmbeddedServer(models_dir, logs_dir) as base_url: ...`."""
 

@@ -1,0 +1,175 @@
+"""One round of rejection-sampling fine-tuning (RFT): held-out test success before and after.
+
+    .venv/bin/python bench/rft_gain.py [--targets textworld-express:coin reasoning-gym:basic_arithmetic]
+                                       [--train 40] [--k 4] [--test 30] [--epochs 3] [--experts]
+
+For each target (one suite subset), on one embedded server:
+
+1. evaluate the shipped model on the test split (greedy, fixed seeds): *before*;
+2. explore the train split (k sampled rollouts per task, epsilon-random valid actions);
+3. build the training set exactly as the `finetune` stage does (quality filter, shortest
+   successes per task, per-call examples) and train a LoRA adapter with the shipped config;
+4. load the adapter into the server by name and evaluate the same test tasks: *after*.
+
+Reports success with 95% Wilson intervals, the paired repairs/regressions on the same test
+tasks with an exact one-sided McNemar p-value, and the cost of each phase. Without
+`--experts` only the agent's own successes are learned (the headline); with it, the suite's
+expert trajectories are added and the result says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> dict[str, Any]:
+    from prefect import flow
+    from scipy.stats import binomtest
+
+    from flows.launch import run_flow
+    from flows.runtime import open_runtime
+    from flows.stages import evaluate_stage, explore_stage
+    from ratchet.config import load_settings
+    from ratchet.runtime_env import prepare_environment
+    from server.launcher import ensure_adapter
+    from training.dataset import build_dataset
+    from training.lora import fit_adapter
+    from training.registry import adapter_sha256
+
+    settings = load_settings(
+        {
+            "data_dir": data / target.replace(":", "-"),
+            "suite": target,
+            "splits.train": args.train,
+            "splits.test": args.test,
+            "explore.rollouts_per_task": args.k,
+            "explore.experts": args.experts,
+            "finetune.experts": args.experts,
+            "finetune.lora.epochs": args.epochs,
+            "concurrency": 8,
+        }
+    )
+    prepare_environment(settings)
+    timings: dict[str, float] = {}
+
+    @flow(name="rft-before-and-explore", validate_parameters=False)
+    def before_and_explore(settings: Any) -> tuple[Any, Any, list[Any]]:
+        with open_runtime(settings, url) as rt:
+            base = rt.base_policy()
+            t0 = time.perf_counter()
+            before = evaluate_stage(rt, 0, base)
+            timings["evaluate_before_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            explored = explore_stage(rt, 0, base)
+            timings["explore_s"] = time.perf_counter() - t0
+            kinds = {"agent", "expert"} if settings.finetune.experts else {"agent"}
+            trajs = [
+                t for t in rt.store.query(evolution=settings.evolution, split="train") if t.kind in kinds
+            ]
+            return before, explored, trajs
+
+    before, explored, trajs = run_flow(before_and_explore, settings)
+    dataset = build_dataset(trajs, settings.finetune.per_task, settings.finetune.loops == "drop")
+    found = f"{explored.report.successes}/{explored.report.n}"
+    print(f"{target}: explore {found} successes; dataset {dict(dataset.counts)}", flush=True)
+    adapter_dir = settings.adapters_dir / f"rft-{dataset.version}"
+    t0 = time.perf_counter()
+    trained, too_long = fit_adapter(
+        ROOT / ".ratchet" / "models",  # the server's copy: converted once
+        dataset.examples,
+        adapter_dir,
+        settings.finetune.lora,
+        on_step=lambda i, n, loss: print(f"  step {i}/{n} loss {loss:.3f}", flush=True),
+    )
+    timings["train_s"] = time.perf_counter() - t0
+    name = f"rft-{dataset.version}"
+    sha = adapter_sha256(adapter_dir)
+    ensure_adapter(url, name, adapter_dir)
+
+    @flow(name="rft-after", validate_parameters=False)
+    def after(settings: Any) -> Any:
+        with open_runtime(settings, url) as rt:
+            policy = rt.base_policy().model_copy(update={"adapter": name, "adapter_hash": sha})
+            t0 = time.perf_counter()
+            result = evaluate_stage(rt, 1, policy)
+            timings["evaluate_after_s"] = time.perf_counter() - t0
+            return result
+
+    after_result = run_flow(after, settings)
+    b, a = before.report.by_task, after_result.report.by_task
+    repairs = sum(1 for t in b if b[t] == 0 and a.get(t, 0) > 0)
+    regressions = sum(1 for t in b if b[t] > 0 and a.get(t, 0) == 0)
+    p = (
+        binomtest(repairs, repairs + regressions, 0.5, alternative="greater").pvalue
+        if repairs + regressions
+        else 1.0
+    )
+    row = {
+        "target": target,
+        "experts_used": args.experts,
+        "test_tasks": before.report.n,
+        "before": before.report.successes,
+        "before_ci95": [round(x, 3) for x in before.report.ci95],
+        "after": after_result.report.successes,
+        "after_ci95": [round(x, 3) for x in after_result.report.ci95],
+        "gain_points": round(100 * (after_result.report.success_rate - before.report.success_rate), 1),
+        "repairs": repairs,
+        "regressions": regressions,
+        "mcnemar_p": round(p, 4),
+        "explore_rollouts": explored.report.n,
+        "explore_successes": explored.report.successes,
+        "dataset": dict(dataset.counts) | {"too_long": too_long, "version": dataset.version},
+        "train_steps": trained.steps,
+        "train_tokens": trained.tokens,
+        "final_loss": round(sum(trained.losses[-5:]) / min(5, len(trained.losses)), 4),
+        **{k: round(v, 1) for k, v in timings.items()},
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument(
+        "--targets", nargs="+", default=["textworld-express:coin", "reasoning-gym:basic_arithmetic"]
+    )
+    p.add_argument("--train", type=int, default=40, help="train tasks per target")
+    p.add_argument("--k", type=int, default=4, help="explore rollouts per train task")
+    p.add_argument("--test", type=int, default=30, help="held-out test tasks per target")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--experts", action="store_true", help="also train on expert trajectories")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rft_gain.json")
+    args = p.parse_args()
+
+    from server.launcher import EmbeddedServer
+
+    data = Path(tempfile.mkdtemp(prefix="ratchet-rft-"))
+    rows = []
+    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
+        for target in args.targets:
+            rows.append(run_target(target, args, url, data))
+    print("\n| target | experts | before | after | gain | repairs / regressions | p |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        n = r["test_tasks"]
+        print(
+            f"| {r['target']} | {'yes' if r['experts_used'] else 'no'} "
+            f"| {r['before']}/{n} {r['before_ci95']} "
+            f"| {r['after']}/{n} {r['after_ci95']} | {r['gain_points']:+} pts | {r['repairs']} / "
+            f"{r['regressions']} | {r['mcnemar_p']} |"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

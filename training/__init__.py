@@ -1,0 +1,1 @@
+"""SFT data from trajectories, LoRA training (peft), and the adapter registry (MLflow)."""

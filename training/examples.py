@@ -1,0 +1,104 @@
+"""Replay a stored trajectory into the exact model calls the actor made: one example per step.
+
+Each example is the prompt of one call (system prompt with the skills shown, the task, the
+windowed history, the step's options on the latest message) and the tool call that followed
+as the target. The prompt is rebuilt by the actor's own `build_prompt` and converted by the
+same function ChatOpenAI uses to send it, then rendered by the embedded server's own
+template code, so the fine-tuning data is token for token what the model was shown.
+
+A step is an example only if it called a tool: a reply without one was never kept in the
+actor's history. Epsilon-random steps are examples too: they are part of the path that
+succeeded, and the quality filter (training/dataset.py) has already refused lucky paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_openai.chat_models.base import _convert_message_to_dict
+
+from agents.actor import build_prompt
+from ratchet.hashing import content_hash
+from ratchet.types import Trajectory
+from server.app import render_tools, to_chatml_messages
+
+
+class ReplayError(ValueError):
+    """A stored trajectory whose steps do not fit its prompt record (it was edited or truncated)."""
+
+
+@dataclass(frozen=True)
+class ChatExample:
+    """One model call to learn from, in OpenAI chat format."""
+
+    messages: list[dict[str, Any]]  # the prompt, as sent
+    tools: list[dict[str, Any]]
+    target: dict[str, Any]  # the assistant message with its tool call
+    trajectory_id: str
+    task_id: str
+    step: int
+
+    @property
+    def key(self) -> str:
+        """Identity for deduplication: the same prompt and the same answer."""
+        return content_hash({"messages": self.messages, "tools": self.tools, "target": self.target})
+
+    def turns(self) -> tuple[list[dict[str, str]], dict[str, str]]:
+        """Prompt and target as the plain role/content turns the chat template renders."""
+        tools_text = render_tools(self.tools) if self.tools else None
+        prompt = to_chatml_messages(self.messages, tools_text)
+        (target,) = to_chatml_messages([self.target], None)
+        return prompt, target
+
+    def openai_finetune(self) -> dict[str, Any]:
+        """One line of an OpenAI chat fine-tuning file: only the last assistant turn is learned."""
+        history = [dict(m, weight=0) if m["role"] == "assistant" else m for m in self.messages]
+        return {"messages": [*history, self.target], "tools": self.tools}
+
+
+def replay(traj: Trajectory) -> list[ChatExample]:
+    """Every model call of `traj` that produced a tool call; [] if it has no prompt record."""
+    rec = traj.prompt
+    if rec is None:
+        return []
+    history: list[AnyMessage] = []
+    shown = rec.first_observation  # what the latest message says, before options are appended
+    out: list[ChatExample] = []
+    for step in traj.steps:
+        if step.tool_call is None:
+            continue
+        options = _options(step.observation, shown, traj.id, step.index)
+        prompt = build_prompt(rec.system, rec.task, history, rec.window, options)
+        call_id = f"call_{step.index}"
+        ai = AIMessage(
+            content="",
+            tool_calls=[
+                {"name": step.tool_call.name, "args": step.tool_call.args, "id": call_id, "type": "tool_call"}
+            ],
+        )
+        out.append(
+            ChatExample(
+                messages=[_convert_message_to_dict(m) for m in prompt],
+                tools=rec.tools,
+                target=_convert_message_to_dict(ai),
+                trajectory_id=traj.id,
+                task_id=traj.task_id,
+                step=step.index,
+            )
+        )
+        history += [ai, ToolMessage(content=step.tool_result, tool_call_id=call_id)]
+        shown = step.tool_result
+    return out
+
+
+def _options(observation: str, shown: str, traj_id: str, index: int) -> str:
+    """The options the actor appended to `shown` to make the step's recorded observation."""
+    if observation == shown:
+        return ""
+    if observation.startswith(shown + "\n"):
+        return observation[len(shown) + 1 :]
+    raise ReplayError(
+        f"trajectory {traj_id} step {index}: the observation does not follow the previous result"
+    )

@@ -1,0 +1,230 @@
+"""LoRA training with peft on the shipped model, on CPU.
+
+The base weights are the plain HF copy the embedded server also uses (server.weights:
+dequantized from the shipped GGUF once, cached under the models dir). Two things make a
+step cheaper than the textbook `model(..., labels=...)` loop, measured in bench/lora_step.py:
+
+* the vocabulary projection runs only on the positions that carry a label (the model's own
+  turns), not on every prompt token: with a 49k vocabulary that projection and its fp32
+  logits are most of a step's time and memory on a 135M model;
+* batches are drawn from length buckets, so little compute goes to padding.
+
+The adapter is written to a temporary directory and renamed into place: a killed run leaves
+no half-written adapter behind.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ratchet.config import LoraSettings
+from training.examples import ChatExample
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One example as token ids; labels are IGNORE everywhere but the target turn."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
+@dataclass
+class TrainResult:
+    adapter_dir: Path
+    steps: int
+    losses: list[float] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    examples: int = 0
+    target_tokens: int = 0
+    tokens: int = 0
+
+
+def encode(example: ChatExample, tokenizer: Any) -> Encoded:
+    """Render prompt and target with the model's chat template; learn the target and its end token."""
+    prompt, target = example.turns()
+    prompt_ids = _ids(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+    full = _ids(tokenizer.apply_chat_template([*prompt, target], tokenize=True))
+    if full[: len(prompt_ids)] != prompt_ids:
+        raise ValueError("the chat template does not render the prompt as a prefix of prompt + answer")
+    answer = full[len(prompt_ids) :]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if end in answer:  # learn to stop; what the template adds after the end token is never generated
+        answer = answer[: answer.index(end) + 1]
+    return Encoded(prompt_ids + answer, [IGNORE] * len(prompt_ids) + answer)
+
+
+def _ids(out: Any) -> list[int]:
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def encode_all(examples: Sequence[ChatExample], tokenizer: Any, max_tokens: int) -> tuple[list[Encoded], int]:
+    """Encoded examples within `max_tokens`, and how many were too long (dropped, never truncated:
+    a cut prompt is not what the actor saw)."""
+    kept, too_long = [], 0
+    for e in examples:
+        enc = encode(e, tokenizer)
+        if len(enc.input_ids) > max_tokens:
+            too_long += 1
+        else:
+            kept.append(enc)
+    return kept, too_long
+
+
+def batches(data: Sequence[Encoded], batch_size: int, rng: random.Random) -> list[list[Encoded]]:
+    """Shuffled batches of similar length: shuffle, sort within windows of 8 batches, shuffle batches."""
+    order = list(data)
+    rng.shuffle(order)
+    window = batch_size * 8
+    out: list[list[Encoded]] = []
+    for i in range(0, len(order), window):
+        chunk = sorted(order[i : i + window], key=lambda e: len(e.input_ids))
+        out += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
+    rng.shuffle(out)
+    return out
+
+
+def collate(batch: Sequence[Encoded], pad_id: int) -> tuple[Any, Any, Any]:
+    import torch
+
+    width = max(len(e.input_ids) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, e in enumerate(batch):
+        n = len(e.input_ids)
+        ids[i, :n] = torch.tensor(e.input_ids)
+        labels[i, :n] = torch.tensor(e.labels)
+        mask[i, :n] = 1
+    return ids, labels, mask
+
+
+def load_for_training(base_dir: Path, cfg: LoraSettings) -> tuple[Any, Any]:
+    """The base model with fresh LoRA layers, and its tokenizer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    lora = LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.targets),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora), tokenizer
+
+
+def target_loss(model: Any, ids: Any, labels: Any, mask: Any) -> Any:
+    """Mean next-token loss over labelled positions, projecting only those onto the vocabulary."""
+    import torch.nn.functional as F
+
+    hidden = model.get_base_model().model(input_ids=ids, attention_mask=mask).last_hidden_state
+    shifted = labels[:, 1:]
+    keep = shifted != IGNORE
+    logits = model.get_base_model().lm_head(hidden[:, :-1][keep])
+    return F.cross_entropy(logits.float(), shifted[keep])
+
+
+def train_lora(
+    model: Any,
+    tokenizer: Any,
+    data: Sequence[Encoded],
+    out_dir: Path,
+    cfg: LoraSettings,
+    on_step: Callable[[int, int, float], None] | None = None,
+) -> TrainResult:
+    """Train `model`'s LoRA layers on `data` and save the adapter to `out_dir` (atomically).
+
+    `on_step(step, total, loss)` is called after every optimizer step (progress, MLflow)."""
+    import torch
+
+    if not data:
+        raise ValueError("no training examples")
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    plan = [batches(data, cfg.batch_size, rng) for _ in range(cfg.epochs)]
+    total = sum(len(p) for p in plan)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    warmup = max(1, total // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min((i + 1) / warmup, max(0.0, (total - i) / max(1, total - warmup)))
+    )
+    result = TrainResult(out_dir, total, examples=len(data))
+    result.tokens = cfg.epochs * sum(len(e.input_ids) for e in data)
+    result.target_tokens = cfg.epochs * sum(sum(1 for x in e.labels if x != IGNORE) for e in data)
+    started = time.perf_counter()
+    model.train()
+    step = 0
+    for epoch in plan:
+        for batch in epoch:
+            ids, labels, mask = collate(batch, tokenizer.pad_token_id)
+            loss = target_loss(model, ids, labels, mask)
+            if not math.isfinite(loss.item()):
+                raise FloatingPointError(f"loss is {loss.item()} at step {step}; lower finetune.lora.lr")
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            result.losses.append(float(loss.item()))
+            if on_step is not None:
+                on_step(step, total, result.losses[-1])
+    model.eval()
+    result.wall_seconds = time.perf_counter() - started
+    save_adapter(model, out_dir)
+    return result
+
+
+def save_adapter(model: Any, out_dir: Path) -> None:
+    """Write the adapter next to `out_dir` and rename it into place."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fit_adapter(
+    models_dir: Path,
+    examples: Sequence[ChatExample],
+    out_dir: Path,
+    cfg: LoraSettings,
+    on_step: Callable[[int, int, float], None] | None = None,
+) -> tuple[TrainResult, int]:
+    """Encode `examples` for the shipped model and train an adapter into `out_dir`.
+
+    Returns the result and how many examples were dropped as longer than `cfg.max_tokens`."""
+    from server.weights import ensure_hf_copy
+
+    if not examples:
+        raise ValueError("no training examples: no clean success to learn from")
+    model, tokenizer = load_for_training(ensure_hf_copy(models_dir), cfg)
+    data, too_long = encode_all(examples, tokenizer, cfg.max_tokens)
+    if not data:
+        raise ValueError(
+            f"all {len(examples)} examples are longer than finetune.lora.max_tokens={cfg.max_tokens}"
+        )
+    return train_lora(model, tokenizer, data, out_dir, cfg, on_step), too_long
