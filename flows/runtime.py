@@ -23,12 +23,13 @@ from ratchet.config import Settings
 from ratchet.errors import ConfigError, EndpointError
 from ratchet.runtime_env import prepare_environment
 from ratchet.types import Policy
-from server.launcher import EmbeddedServer, check_endpoint, check_port_free
+from server.launcher import EmbeddedServer, check_endpoint, check_port_free, ensure_adapter
 from server.weights import BASE_MODEL_NAME, shipped_gguf
 from skills.format import Skill
 from skills.library import SkillLibrary
 from skills.toolbox import Toolbox
 from suites import Suite, get_suite
+from training.registry import AdapterRegistry, AdapterVersion
 
 
 @dataclass
@@ -42,10 +43,14 @@ class LoopRuntime:
     library: SkillLibrary | None = None
     toolbox: Toolbox | None = None
     retriever: SkillRetriever | None = None
+    adapter: AdapterVersion | None = None  # the champion adapter, loaded on the endpoint
 
     def base_policy(self) -> Policy:
-        """Generation 0: the endpoint's model, no adapter, no skills, no tools."""
-        return Policy(model=self.settings.model.name)
+        """The endpoint's model with the champion adapter (none in generation 0); no skills or tools."""
+        a = self.adapter
+        return Policy(
+            model=self.settings.model.name, adapter=a and a.served_name, adapter_hash=a and a.sha256
+        )
 
     def live_policy(self) -> Policy:
         """The base model with every promoted skill and tool of the library."""
@@ -134,11 +139,22 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                 rt.library = open_library(settings)
                 rt.retriever = SkillRetriever(VectorIndex(settings.index_dir, "skills-live"))
                 rt.use_tools(rt.library.list(status="promoted", kind="tool"))
+                rt.adapter = load_champion_adapter(settings, url)
                 yield rt
             finally:
                 store.close()
     finally:
         suite.close()
+
+
+def load_champion_adapter(settings: Settings, url: str) -> AdapterVersion | None:
+    """The `champion` alias's adapter, hash-checked and loaded on the endpoint by name (None: base)."""
+    registry = AdapterRegistry(settings)
+    champion = registry.champion()
+    if champion is not None:
+        path = registry.checked_path(champion)  # refuses files that do not match the registry's hash
+        ensure_adapter(url, champion.served_name, path, settings.model.api_key.get_secret_value())
+    return champion
 
 
 def open_library(settings: Settings) -> SkillLibrary:

@@ -103,14 +103,7 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     dev: dict[str, list[Task]] = defaultdict(list)
     for task in rt.suite.tasks("dev", s.splits.dev):
         dev[f"{task.suite}:{task.subset}"].append(task)
-    need = math.ceil(math.log2(1 / s.verify.alpha))  # all-repairs on fewer tasks is never significant
-    small = sorted(f for f, tasks in dev.items() if len(tasks) < need)
-    if small:
-        raise ConfigError(
-            f"the dev split has too few tasks for the gate ({small[0]}: {len(dev[small[0]])}); even "
-            f"{need - 1} repairs out of {need - 1} are not significant at alpha={s.verify.alpha}",
-            f"set splits.dev to at least {need} (16 or more gives the gate room to decide)",
-        )
+    check_dev_size(s, dev)
     promoted_tools = rt.library.list(status="promoted", kind="tool")
     rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])
 
@@ -123,7 +116,7 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     p_of = {v.name: _last_p(rt, v.name) for v in verified}
     for c in candidates:
         d, outcomes = gates.decisions[c.name], gates.outcomes[c.name]
-        evidence = _evidence(d, champion, trials[c.name][0], outcomes)
+        evidence = gate_evidence(d, champion, trials[c.name][0], outcomes)
         to = "verified" if d.decision == "accept" else "rejected"
         rt.library.transition(c.name, to, who=who, why=d.reason, evidence=evidence, expect="candidate")
         result.verdicts.append(Verdict(c.name, c.kind, c.family, d, to, evidence["dev_tasks"], len(outcomes)))
@@ -141,6 +134,18 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     if mlflow.active_run() is not None:
         _log(result)
     return result
+
+
+def check_dev_size(s: Settings, dev: dict[str, list[Task]]) -> None:
+    """Refuse a dev split on which the gate could never admit anything (one clear line)."""
+    need = math.ceil(math.log2(1 / s.verify.alpha))  # all-repairs on fewer tasks is never significant
+    small = sorted(f for f, tasks in dev.items() if len(tasks) < need)
+    if small:
+        raise ConfigError(
+            f"the dev split has too few tasks for the gate ({small[0]}: {len(dev[small[0]])}); even "
+            f"{need - 1} repairs out of {need - 1} are not significant at alpha={s.verify.alpha}",
+            f"set splits.dev to at least {need} (16 or more gives the gate room to decide)",
+        )
 
 
 @dataclass
@@ -238,7 +243,7 @@ def _interaction_check(
     status = {v.skill: v for v in result.verdicts}
     for name in sorted(names - {keep}):
         why = f"conflicts in combination (kept {keep}): {d.reason}"
-        evidence = _evidence(d, champion, together, gates.outcomes["set"])
+        evidence = gate_evidence(d, champion, together, gates.outcomes["set"])
         rt.library.transition(name, "rejected", who=who, why=why, evidence=evidence, expect="verified")
         if name in status:
             status[name].status = "rejected"
@@ -250,7 +255,7 @@ def _won(rt: LoopRuntime, slot: RolloutSlot) -> bool:
     return bool(t is not None and t.success and t.status == "finished")  # an error is a failure
 
 
-def _evidence(
+def gate_evidence(
     d: GateDecision, champion: Policy, arm: Policy, outcomes: list[PairedOutcome]
 ) -> dict[str, Any]:
     return {

@@ -16,6 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ratchet.cli_adapters import adapters_app, print_finetune
 from ratchet.cli_common import (
     GLOBAL,
     ConfigOpt,
@@ -46,6 +47,7 @@ app.add_typer(suites_app, name="suites")
 app.add_typer(traj_app, name="trajectories")
 app.add_typer(skills_app, name="skills")
 app.add_typer(tools_app, name="tools")
+app.add_typer(adapters_app, name="adapters")
 
 
 @app.callback()
@@ -189,6 +191,19 @@ def verify(
 
         result = _launch(verify_flow, settings, generation)
         _print_verify(result)
+
+
+@app.command()
+def finetune(
+    generation: GenOpt = 0,
+    dev: Annotated[int | None, typer.Option(help="dev tasks per subset (the gate's budget)")] = None,
+) -> None:
+    """Train a LoRA adapter on clean successes, gate it against the champion, promote if it wins."""
+    with guard():
+        settings = load(**{"splits.dev": dev})
+        from flows.finetune import finetune_flow
+
+        print_finetune(_launch(finetune_flow, settings, generation))
 
 
 @app.command()

@@ -49,3 +49,11 @@ class SkillFileError(RatchetError):
 
 class SkillStateError(RatchetError):
     """A lifecycle change that is not allowed (wrong status, unknown skill, lost a race)."""
+
+
+class AdapterError(RatchetError):
+    """An adapter that is missing, corrupt, or whose files no longer match its registry hash."""
+
+
+class AdapterStateError(RatchetError):
+    """A registry change that is not allowed (unknown version, wrong status, lost a race)."""

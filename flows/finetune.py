@@ -1,0 +1,222 @@
+"""Prefect flow `finetune`: LoRA on the policy's own clean successes, gated like any candidate.
+
+    dataset (training/dataset.py) → train (training/lora.py) → register (MLflow model version)
+      → gate: the champion with vs without the adapter, paired on the dev split (flows/verify)
+      → verified → `champion` alias (auto) or a person (`ratchet adapters promote`); else rejected
+
+Resumable at every point: the dataset is a content hash of its examples; an adapter already
+registered for this dataset and LoRA config is reused instead of trained again; a killed
+training leaves no adapter (written to a temp dir, renamed); the gate's rollouts are stored
+under the adapter's arm and replayed from the store on a rerun; the alias moves in one call.
+
+The stage is skipped when fewer than `finetune.min_new_successes` kept successes are new
+since the last trained adapter. With a remote policy endpoint (`finetune.mode = "auto"`)
+there are no local weights to train: the stage writes the dataset as an OpenAI fine-tuning
+JSONL file, says where, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import mlflow
+from prefect import flow
+
+from flows import progress, tracking
+from flows.runtime import LoopRuntime, open_runtime
+from flows.verify import check_dev_size, gate_evidence, run_gates
+from ratchet.config import Settings
+from ratchet.hashing import content_hash
+from server.launcher import ensure_adapter
+from skills.intervention import GateDecision
+from training.dataset import Dataset, build_dataset
+from training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
+
+Action = Literal["skipped", "exported", "trained", "reused"]
+
+
+@dataclass
+class FinetuneResult:
+    action: Action
+    reason: str
+    dataset: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+    version: int | None = None
+    status: str | None = None  # where the adapter ended: verified, promoted, rejected
+    decision: GateDecision | None = None
+    export_path: str | None = None
+    train_seconds: float = 0.0
+
+
+def finetune_mode(s: Settings) -> Literal["lora", "export"]:
+    """auto: train on the embedded model (its weights are here); export for a remote endpoint."""
+    if s.finetune.mode != "auto":
+        return s.finetune.mode
+    return "export" if s.model.endpoint else "lora"
+
+
+def config_hash(s: Settings) -> str:
+    return content_hash({"model": s.model.name, "lora": s.finetune.lora.model_dump(mode="json")}, length=12)
+
+
+def training_dataset(rt: LoopRuntime) -> Dataset:
+    """Every clean success of the evolution's train split so far (experts only if configured)."""
+    s = rt.settings
+    kinds = {"agent", "expert"} if s.finetune.experts else {"agent"}
+    found = rt.store.query(evolution=s.evolution, split="train", success=True, status="finished")
+    return build_dataset(
+        [t for t in found if t.kind in kinds], s.finetune.per_task, s.finetune.loops == "drop"
+    )
+
+
+def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> FinetuneResult:
+    s = rt.settings
+    data = training_dataset(rt)
+    counts = dict(data.counts)
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics({f"finetune_data_{k}": float(v) for k, v in counts.items()})
+    if finetune_mode(s) == "export":
+        path = data.write_openai_jsonl(s.data_dir / "finetune" / f"dataset-{data.version}.jsonl")
+        if mlflow.active_run() is not None:
+            mlflow.log_artifact(str(path), "finetune")
+        why = f"{s.model.endpoint} is a remote model: no weights to train here; {len(data.examples)} examples"
+        return FinetuneResult("exported", why, data.version, counts, export_path=str(path))
+    registry = AdapterRegistry(s)
+    adapter = registry.find(data.version, config_hash(s))
+    action: Action = "reused"
+    seconds = 0.0
+    if adapter is None:
+        new = set(data.sources) - _trained_sources(registry)
+        need = s.finetune.min_new_successes
+        if not data.examples or len(new) < need:
+            why = f"{len(new)} new clean successes (finetune.min_new_successes={need})"
+            return FinetuneResult("skipped", why, data.version, counts)
+        adapter, seconds = _train(rt, registry, data, who)
+        action = "trained"
+    result = FinetuneResult(action, "", data.version, counts, adapter.version, adapter.status)
+    result.train_seconds = seconds
+    if adapter.status == "candidate":
+        adapter = _gate(rt, registry, adapter, generation, who, result)
+    if adapter.status == "verified" and s.verify.promotion == "auto":
+        adapter = registry.promote(adapter.version, who=f"{who}:auto", why="promotion policy 'auto'")
+    result.status = adapter.status
+    result.reason = result.reason or f"adapter version {adapter.version} is {adapter.status}"
+    if adapter.champion:
+        rt.adapter = adapter
+    if mlflow.active_run() is not None:
+        mlflow.log_text(json.dumps(_summary(result), indent=2), "finetune/summary.json")
+    return result
+
+
+def _train(
+    rt: LoopRuntime, registry: AdapterRegistry, data: Dataset, who: str
+) -> tuple[AdapterVersion, float]:
+    from training.lora import fit_adapter  # torch and peft load only when training
+
+    s = rt.settings
+    cfg = s.finetune.lora
+    path = data.write_openai_jsonl(s.adapters_dir / "datasets" / f"{data.version}.jsonl")
+    (path.with_suffix(".sources.json")).write_text(json.dumps(sorted(data.sources)))
+    out = s.adapters_dir / ".training" / data.version
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        progress.report("finetune", step, total)
+        if mlflow.active_run() is not None:
+            mlflow.log_metric("finetune_loss", loss, step=step)
+
+    seconds = 0.0
+    if not all((out / f).is_file() for f in ADAPTER_FILES):  # else: trained before a kill, not registered
+        trained, too_long = fit_adapter(s.models_dir, data.examples, out, cfg, on_step)
+        seconds = trained.wall_seconds
+        if mlflow.active_run() is not None:
+            mlflow.log_metrics(
+                {
+                    "finetune_wall_seconds": trained.wall_seconds,
+                    "finetune_steps": float(trained.steps),
+                    "finetune_examples": float(trained.examples),
+                    "finetune_too_long": float(too_long),
+                    "finetune_tokens": float(trained.tokens),
+                    "finetune_final_loss": trained.losses[-1],
+                }
+            )
+    sha = adapter_sha256(out)[:12]
+    run = mlflow.active_run()
+    run_id, source = "", str(out)
+    if run is not None:
+        _log_dataset(data, path)
+        tracking.log_params({f"lora_{k}": v for k, v in cfg.model_dump(mode="json").items()})
+        mlflow.log_artifacts(str(out), f"adapters/{sha}")
+        run_id, source = run.info.run_id, f"{run.info.artifact_uri}/adapters/{sha}"
+    adapter = registry.register(out, run_id, source, data.version, config_hash(s), who)
+    shutil.rmtree(out, ignore_errors=True)  # the registry keeps its own copy
+    return adapter, seconds
+
+
+def _gate(
+    rt: LoopRuntime,
+    registry: AdapterRegistry,
+    adapter: AdapterVersion,
+    generation: int,
+    who: str,
+    result: FinetuneResult,
+) -> AdapterVersion:
+    """The adapter is an intervention: champion with vs without it, same dev tasks, same seeds."""
+    s = rt.settings
+    tasks = rt.suite.tasks("dev", s.splits.dev)
+    check_dev_size(s, {"all families": tasks})
+    ensure_adapter(
+        rt.base_url,
+        adapter.served_name,
+        registry.checked_path(adapter),
+        s.model.api_key.get_secret_value(),
+    )
+    champion = rt.live_policy()
+    candidate = champion.model_copy(update={"adapter": adapter.served_name, "adapter_hash": adapter.sha256})
+    arm = f"adapter-{adapter.sha256[:12]}"
+    gates = run_gates(rt, generation, champion, {arm: (candidate, tasks)}, {arm: arm})
+    decision = gates.decisions[arm]
+    evidence = gate_evidence(decision, champion, candidate, gates.outcomes[arm])
+    to = "verified" if decision.decision == "accept" else "rejected"
+    result.decision, result.reason = decision, decision.reason
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics(
+            {"finetune_gate_repairs": decision.repairs, "finetune_gate_regressions": decision.regressions}
+        )
+    return registry.decide(adapter.version, to, who=who, why=decision.reason, evidence=evidence)
+
+
+def _trained_sources(registry: AdapterRegistry) -> set[str]:
+    """Trajectory ids every earlier adapter of this evolution was trained on."""
+    out: set[str] = set()
+    for v in registry.list():
+        path = registry.root / "datasets" / f"{v.dataset}.sources.json"
+        if path.is_file():
+            out.update(json.loads(path.read_text()))
+    return out
+
+
+def _log_dataset(data: Dataset, path: Path) -> None:
+    """The dataset version as an MLflow dataset input (name, digest, counts) plus its JSONL file."""
+    import pandas as pd
+
+    rows = [{"trajectory_id": e.trajectory_id, "task_id": e.task_id, "step": e.step} for e in data.examples]
+    ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=str(path), name=f"sft-{data.version}")
+    mlflow.log_input(ds, context="finetune", tags={k: str(v) for k, v in data.counts.items()})
+    mlflow.log_artifact(str(path), "finetune")
+
+
+def _summary(r: FinetuneResult) -> dict[str, object]:
+    d = {k: v for k, v in r.__dict__.items() if k != "decision"}
+    if r.decision is not None:
+        d["decision"] = r.decision.__dict__
+    return d
+
+
+@flow(name="finetune", validate_parameters=False)
+def finetune_flow(settings: Settings, generation: int = 0, base_url: str | None = None) -> FinetuneResult:
+    with open_runtime(settings, base_url) as rt, tracking.generation_run(settings, generation):
+        return finetune_stage(rt, generation)

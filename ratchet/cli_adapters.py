@@ -1,0 +1,110 @@
+"""CLI for the policy's LoRA adapters: `ratchet adapters list|show|promote|rollback`."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ratchet.cli_common import console, guard, load
+
+adapters_app = typer.Typer(
+    help="LoRA adapters of the policy (MLflow registry; the `champion` alias is live).", no_args_is_help=True
+)
+
+ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit log)")]
+ByOpt = Annotated[str | None, typer.Option("--by", help="who decides (default: your user name)")]
+
+
+def _registry():  # type: ignore[no-untyped-def]
+    from training.registry import AdapterRegistry
+
+    return AdapterRegistry(load())
+
+
+def _gate(v: Any) -> str:
+    e = v.evidence
+    if "repairs" not in e:
+        return "-"
+    return f"+{e['repairs']} −{e['regressions']} p={e['p_value']:.3g} ({e['rollouts']} rollouts)"
+
+
+@adapters_app.command("list")
+def adapters_list() -> None:
+    """Every trained adapter: status, gate evidence, which one is the champion."""
+    with guard():
+        registry = _registry()
+        versions = registry.list()
+        if not versions:
+            console.print("no adapters yet: `ratchet finetune` trains one from explored successes")
+            return
+        table = Table("version", "status", "champion", "sha256", "dataset", "gate", title=registry.name)
+        for v in versions:
+            table.add_row(
+                str(v.version),
+                v.status,
+                "★" if v.champion else "",
+                v.sha256[:12],
+                v.dataset,
+                escape(_gate(v)),
+            )
+        console.print(table)
+
+
+@adapters_app.command("show")
+def adapters_show(version: int) -> None:
+    """One adapter: tags, gate evidence, audit trail."""
+    with guard():
+        registry = _registry()
+        v = registry.get(version)
+        console.print(
+            f"[bold]{registry.name} v{v.version}[/] · {v.status}{' · champion' if v.champion else ''}"
+        )
+        console.print(f"sha256 {v.sha256}\nserved as {v.served_name}\nsource {v.source}\nrun {v.run_id}")
+        console.print(f"dataset {v.dataset} · config {v.config}")
+        if v.evidence:
+            console.print(escape(json.dumps({k: x for k, x in v.evidence.items() if k != "pairs"}, indent=2)))
+        for r in registry.audit():
+            if r["version"] == version:
+                console.print(f"{r['at']}  {r['from'] or '-'} → {r['to']}  by {r['who']}: {escape(r['why'])}")
+
+
+@adapters_app.command("promote")
+def adapters_promote(version: int, reason: ReasonOpt, by: ByOpt = None) -> None:
+    """Make a verified adapter the champion (the next rollouts use it)."""
+    with guard():
+        registry = _registry()
+        before = registry.champion()
+        v = registry.promote(version, who=by or getpass.getuser(), why=reason)
+        was = f"v{before.version}" if before else "base model"
+        console.print(f"promoted: adapter v{v.version} is the champion (was {was})")
+
+
+@adapters_app.command("rollback")
+def adapters_rollback(reason: ReasonOpt, by: ByOpt = None) -> None:
+    """Retire the champion adapter; the previous champion (or the base model) is live again."""
+    with guard():
+        registry = _registry()
+        current = registry.champion()
+        previous = registry.rollback(who=by or getpass.getuser(), why=reason)
+        now = f"adapter v{previous.version}" if previous else "the base model"
+        console.print(f"rolled back: v{current.version if current else '?'} retired; {now} is live")
+
+
+def print_finetune(result: Any) -> None:
+    console.print(f"[bold]finetune[/]: {result.action} · {escape(result.reason)}")
+    c = result.counts
+    console.print(
+        f"data {result.dataset}: {c.get('examples', 0)} examples from {c.get('trajectories', 0)} "
+        f"successes on {c.get('tasks', 0)} tasks ({c.get('successes', 0)} successes seen)"
+    )
+    if result.export_path:
+        console.print(f"exported (OpenAI fine-tuning JSONL): {result.export_path}")
+    if result.version is not None:
+        console.print(
+            f"adapter v{result.version}: {result.status} · `ratchet adapters show {result.version}`"
+        )

@@ -1,0 +1,163 @@
+"""Training data: replayed prompts equal what the actor sent; the quality filter; the export."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage
+from langchain_openai.chat_models.base import _convert_message_to_dict
+
+from agents.actor import ActorSettings, build_actor
+from agents.rollout import RolloutSlot, run_rollout
+from agents.testing import ScriptedChatModel, call
+from ratchet.types import Policy, PromptRecord, SkillText, Trajectory
+from server.app import render_tools
+from suites import get_suite
+from tests.factories import traj
+from training.dataset import build_dataset, lucky, repeats
+from training.examples import ReplayError, replay
+
+
+def _strip_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool-call ids are not shown to the model (the server renders name and arguments only)."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if k != "tool_call_id"}
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+@pytest.fixture(scope="module")
+def played() -> tuple[Trajectory, ScriptedChatModel]:
+    """A real coin episode played by a scripted model: random valid moves, one refused move, one
+    reply without a tool call, and a history window small enough to be trimmed."""
+    rng = random.Random(3)
+    turn = {"n": 0}
+
+    def script(messages: list, tools: list) -> AIMessage:
+        turn["n"] += 1
+        if turn["n"] == 3:
+            return AIMessage(content="let me think")
+        if turn["n"] == 4:
+            return call("act", action="fly to the moon")
+        valid = tools[0]["function"]["parameters"]["properties"]["action"]["enum"]
+        return call("act", action=rng.choice([a for a in valid if a != "inventory"]))
+
+    llm = ScriptedChatModel(script=script)
+    suite = get_suite("textworld-express:coin")
+    task = suite.tasks("train", 1)[0]
+    skill = SkillText(name="coin-look", description="Find the coin", body="1. look around")
+    try:
+        played_traj = run_rollout(
+            build_actor(llm),
+            suite,
+            RolloutSlot("e", 0, task, 0),
+            Policy(model="m", skills=(skill,)),
+            ActorSettings(max_steps=9, history_window=4, seed=1),
+        )
+    finally:
+        suite.close()
+    return played_traj, llm
+
+
+def test_replay_rebuilds_every_prompt_the_actor_sent_exactly(
+    played: tuple[Trajectory, ScriptedChatModel],
+) -> None:
+    played_traj, llm = played
+    examples = replay(played_traj)
+    sent = [c for c in llm.calls]
+    acted = [i for i, s in enumerate(played_traj.steps) if s.tool_call is not None]
+    assert len(examples) == len(acted) == len(sent) - 1  # the reply without a tool call is no example
+    with_call = [c for c, s in zip(sent, played_traj.steps, strict=True) if s.tool_call is not None]
+    assert len(with_call) == len(examples)
+    trimmed = False
+    for example, c in zip(examples, with_call, strict=True):
+        actual = _strip_ids([_convert_message_to_dict(m) for m in c["messages"]])
+        assert _strip_ids(example.messages) == actual
+        # the valid-action enum changes every step, but only the grammar sees it: the prompt text
+        # the model reads is the same
+        assert render_tools(example.tools) == render_tools(c["tools"])
+        trimmed |= len(actual) < 2 + 2 * example.step
+    assert trimmed  # the window did cut history, and replay cut it the same way
+    assert "coin-look" in examples[0].messages[0]["content"]  # the skills shown are part of the prompt
+    assert any("Invalid action" in (m["content"] or "") for e in examples for m in e.messages)
+
+
+def test_replay_refuses_an_edited_trajectory(played: tuple[Trajectory, ScriptedChatModel]) -> None:
+    played_traj, _ = played
+    edited = played_traj.model_copy(deep=True)
+    edited.steps[1].observation = "something else entirely"
+    with pytest.raises(ReplayError):
+        replay(edited)
+    assert (
+        replay(played_traj.model_copy(update={"prompt": None})) == []
+    )  # stored before prompts were recorded
+
+
+def _success(task: str, actions: list[str], tid: str, results: list[str] | None = None) -> Trajectory:
+    """A success whose every observation is the previous result (as the actor records them)."""
+    results = results or [f"after {a}" for a in actions]
+    task = f"textworld-express:coin:train:{task[1:]}"
+    t = traj(
+        actions, success=True, task=task, tid=tid, observations=["start", *results[:-1]], results=results
+    )
+    record = PromptRecord(
+        system="sys", task="Task: x\n\nObservation: start", first_observation="start", window=10
+    )
+    return t.model_copy(update={"prompt": record, "done": True})
+
+
+def test_blind_retries_and_regressions_are_refused_loops_are_cut() -> None:
+    clean = _success("t1", ["look", "take coin"], "a")
+    retry = _success("t2", ["fly", "fly", "take coin"], "b")
+    retry.steps[0].error = "Invalid action: fly"
+    regress = _success("t3", ["drop coin", "take coin"], "c")
+    regress.steps[0].reward = -1.0
+    looped = _success("t4", ["inventory", "inventory", "inventory", "take coin"], "d", ["inv"] * 3 + ["won"])
+    assert lucky(clean) is None and lucky(retry) == "blind_retry" and lucky(regress) == "regression"
+    assert lucky(looped) is None and lucky(looped, drop_loops=True) == "loop"
+    assert repeats(looped) == {1, 2}
+    data = build_dataset([clean, retry, regress, looped], per_task=2)
+    assert set(data.sources) == {"a", "d"}
+    assert data.counts["dropped_blind_retry"] == data.counts["dropped_regression"] == 1
+    learned = {(e.trajectory_id, e.step) for e in data.examples}
+    assert learned == {("a", 0), ("a", 1), ("d", 0), ("d", 3)}  # the repeated inventories are not learned
+    assert data.counts["repeated_turns_not_learned"] == 2
+    assert set(build_dataset([looped], per_task=2, drop_loops=True).sources) == set()
+
+
+def test_shortest_distinct_successes_first_capped_per_task_and_deduplicated() -> None:
+    long = _success("t1", ["look", "move east", "move west", "take coin"], "long")
+    short = _success("t1", ["look", "take coin"], "short")
+    same = _success("t1", ["look", "take coin"], "same-path")
+    mid = _success("t1", ["move east", "take coin", "look"], "mid")
+    other = _success("t2", ["look", "take coin"], "other")
+    data = build_dataset([long, same, mid, short, other], per_task=2)
+    assert data.sources == [
+        "same-path",
+        "mid",
+        "other",
+    ]  # "short" repeats a kept path; "long" is over the cap
+    assert data.counts["dropped_same_path"] == 1 and data.counts["dropped_task_cap"] == 1
+    # "other" has the same prompts and answers as "same-path" (the factory's prompts do not name
+    # the task): identical examples are kept once
+    assert data.counts["duplicate_examples"] == 2
+    assert len({e.key for e in data.examples}) == len(data.examples)
+    assert build_dataset([other, same, mid], per_task=2).version == data.version  # content, not order
+
+
+def test_openai_export_learns_only_the_last_turn(tmp_path: Path) -> None:
+    data = build_dataset([_success("t1", ["look", "take coin"], "a")], per_task=1)
+    path = data.write_openai_jsonl(tmp_path / "ft.jsonl")
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 2 and not list(tmp_path.glob(".*tmp"))
+    second = lines[1]["messages"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "assistant"]
+    assert second[2]["weight"] == 0 and "weight" not in second[-1]
+    assert json.loads(second[-1]["tool_calls"][0]["function"]["arguments"]) == {"action": "take coin"}
