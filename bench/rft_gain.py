@@ -147,12 +147,13 @@ def main() -> None:
     p.add_argument("--test", type=int, default=30, help="held-out test tasks per target")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--experts", action="store_true", help="also train on expert trajectories")
+    p.add_argument("--data", type=Path, help="data dir to reuse (finished rollouts are not played again)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rft_gain.json")
     args = p.parse_args()
 
     from server.launcher import EmbeddedServer
 
-    data = Path(tempfile.mkdtemp(prefix="ratchet-rft-"))
+    data = args.data or Path(tempfile.mkdtemp(prefix="ratchet-rft-"))  # a rerun with --data resumes
     rows = []
     with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
         for target in args.targets:
