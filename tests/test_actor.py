@@ -102,6 +102,17 @@ def test_success_records_every_step_and_outcome():
     assert traj.id == SLOT.id and traj.policy_version == POLICY.version
 
 
+def test_every_call_names_the_policys_adapter_as_the_model():
+    """Adapters are served by name (vLLM multi-LoRA): without it, an adapter policy would
+    silently be played by the base model."""
+    _, llm = play(
+        [call("act", action="up")] * 2, policy=Policy(model="m", adapter="adapter-1", adapter_hash="h")
+    )
+    assert [c["kwargs"]["model"] for c in llm.calls] == ["adapter-1", "adapter-1"]
+    _, llm = play([call("act", action="up")] * 2)
+    assert llm.calls[0]["kwargs"]["model"] == "m"
+
+
 def test_invalid_action_is_shown_to_the_model_and_the_episode_goes_on():
     traj, llm = play([call("act", action="fly"), call("act", action="up"), call("act", action="up")])
     assert traj.success

@@ -1,0 +1,153 @@
+"""Fine-tuning for real: peft LoRA training, the finetune flow's gate and registry, the export path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import mlflow
+import pytest
+
+from agents.rollout import RolloutSlot, run_expert
+from flows.finetune import finetune_flow
+from flows.launch import run_flow
+from flows.runtime import open_runtime
+from flows.stages import seed_experts
+from ratchet.config import Settings, load_settings
+from suites import get_suite
+from tests.conftest import TEST_MODELS
+from training.dataset import build_dataset
+from training.registry import AdapterRegistry, adapter_sha256
+
+pytestmark = pytest.mark.integration
+
+
+def _coin_examples(n_tasks: int) -> list[Any]:
+    suite = get_suite("textworld-express:coin")
+    try:
+        found = [run_expert(suite, RolloutSlot("e", 0, t, -1)) for t in suite.tasks("train", n_tasks)]
+    finally:
+        suite.close()
+    return build_dataset([t for t in found if t is not None], per_task=1).examples
+
+
+def test_lora_learns_the_target_turns_and_reloads_identically(base_model_dir: Path, tmp_path: Path) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from training.lora import IGNORE, collate, encode_all, load_for_training, target_loss, train_lora
+
+    cfg = load_settings({}).finetune.lora.model_copy(update={"epochs": 4, "batch_size": 4, "lr": 2e-3})
+    model, tok = load_for_training(base_model_dir, cfg)
+    data, too_long = encode_all(_coin_examples(3)[:4], tok, cfg.max_tokens)
+    assert too_long == 0 and len(data) == 4
+    learned = tok.decode([t for t in data[0].labels if t != IGNORE])
+    assert learned.startswith('{"name":"act","arguments":{"action":') and learned.endswith("<|im_end|>")
+    ids, labels, mask = collate(data, tok.pad_token_id)
+    with torch.no_grad():
+        before = target_loss(model.eval(), ids, labels, mask).item()
+    out = tmp_path / "adapter"
+    result = train_lora(model, tok, data, out, cfg)
+    assert result.steps == 4 and all(torch.isfinite(torch.tensor(result.losses)))
+    with torch.no_grad():
+        after = target_loss(model, ids, labels, mask).item()
+        trained_logits = model(input_ids=ids, attention_mask=mask).logits
+    assert after < before * 0.7  # it learned its own examples
+    assert not list(tmp_path.glob(".adapter-*"))  # written atomically
+    fresh = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    reloaded = PeftModel.from_pretrained(fresh, out).eval()
+    with torch.no_grad():
+        again = reloaded(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(trained_logits, again, atol=1e-4)
+
+
+def _settings(tmp_path: Path, **over: Any) -> Settings:
+    data = tmp_path / "data"
+    (data).mkdir(parents=True, exist_ok=True)
+    if not (data / "models").exists():
+        (data / "models").symlink_to(TEST_MODELS)  # the converted base model, shared
+    return load_settings(
+        {
+            "data_dir": data,
+            "suite": "reasoning-gym:chain_sum",
+            "splits.train": 6,
+            "splits.dev": 5,
+            "max_steps": 2,
+            "concurrency": 4,
+            "finetune.experts": True,  # the base model solves almost nothing; experts give data
+            "finetune.min_new_successes": 1,
+            "finetune.lora.epochs": 2,
+            "finetune.lora.batch_size": 4,
+            **over,
+        }
+    )
+
+
+def _seed(settings: Settings, url: str) -> None:
+    with open_runtime(settings, url) as rt:
+        assert seed_experts(rt, 0) == 6
+
+
+def test_finetune_trains_registers_gates_and_resumes_without_repeating(
+    embedded_server: str, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path)
+    _seed(settings, embedded_server)
+    result = run_flow(finetune_flow, settings, generation=0, base_url=embedded_server)
+    assert result.action == "trained" and result.version == 1 and result.counts["examples"] == 6
+    registry = AdapterRegistry(settings)
+    v = registry.get(1)
+    assert v.status == result.status and v.status in ("promoted", "rejected")
+    champion = registry.champion()
+    assert (champion is not None and champion.version == 1) == (result.decision.decision == "accept")
+    assert (
+        v.evidence["tasks"] == len(v.evidence["pairs"]) >= 5 and v.evidence["arm"] != v.evidence["champion"]
+    )
+    assert adapter_sha256(registry.checked_path(v)) == v.sha256
+    # the endpoint serves the adapter by name, beside the base model
+    served = [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
+    assert v.served_name in served and settings.model.name in served
+    # MLflow: loss curve, dataset input, the adapter artifact behind the model version
+    client = mlflow.tracking.MlflowClient()
+    run = client.get_run(v.run_id)
+    assert len(client.get_metric_history(v.run_id, "finetune_loss")) == 4  # 2 batches x 2 epochs
+    assert any(d.dataset.name == f"sft-{result.dataset}" for d in run.inputs.dataset_inputs)
+    assert any(
+        a.path.endswith("adapter_model.safetensors")
+        for a in client.list_artifacts(v.run_id, f"adapters/{v.sha256[:12]}")
+    )
+    audit = registry.audit()
+    # a rerun of the same evolution decides nothing anew: no training, no new version, no new rollouts
+    from memory.trajectory_store import open_store
+
+    store = open_store(settings.trajectories_db)
+    before = store.count()
+    store.close()
+    again = run_flow(finetune_flow, settings, generation=0, base_url=embedded_server)
+    assert again.action == "reused" and again.version == 1 and again.status == v.status
+    assert len(registry.list()) == 1 and registry.audit() == audit
+    store = open_store(settings.trajectories_db)
+    assert store.count() == before
+    store.close()
+
+
+def test_too_few_new_successes_skip_the_stage(embedded_server: str, tmp_path: Path) -> None:
+    settings = _settings(tmp_path, **{"finetune.min_new_successes": 100})
+    _seed(settings, embedded_server)
+    result = run_flow(finetune_flow, settings, generation=0, base_url=embedded_server)
+    assert result.action == "skipped" and "6 new clean successes" in result.reason
+    assert AdapterRegistry(settings).list() == []
+
+
+def test_a_remote_policy_gets_its_dataset_exported_instead(embedded_server: str, tmp_path: Path) -> None:
+    settings = _settings(tmp_path, **{"model.endpoint": embedded_server})  # any non-embedded endpoint
+    _seed(settings, embedded_server)
+    result = run_flow(finetune_flow, settings, generation=0)
+    assert result.action == "exported" and "remote model" in result.reason
+    lines = [json.loads(x) for x in Path(result.export_path).read_text().splitlines()]
+    assert len(lines) == 6 and all(line["messages"][-1]["tool_calls"] for line in lines)
+    assert lines[0]["tools"][0]["function"]["name"] in {"calculator", "answer"}
+    assert AdapterRegistry(settings).list() == []
