@@ -151,3 +151,32 @@ def test_a_remote_policy_gets_its_dataset_exported_instead(embedded_server: str,
     assert len(lines) == 6 and all(line["messages"][-1]["tool_calls"] for line in lines)
     assert lines[0]["tools"][0]["function"]["name"] in {"calculator", "answer"}
     assert AdapterRegistry(settings).list() == []
+
+
+def test_the_next_run_plays_the_champion_adapter_and_refuses_a_tampered_one(
+    embedded_server: str, base_model_dir: Path, tmp_path: Path
+) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ratchet.errors import AdapterError
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base, lora).save_pretrained(tmp_path / "adapter")
+    settings = _settings(tmp_path)
+    registry = AdapterRegistry(settings)
+    v = registry.register(tmp_path / "adapter", "", "file:///nowhere", "d", "c", who="test")
+    registry.decide(v.version, "verified", who="test", why="gate passed", evidence={"decision": "accept"})
+    registry.promote(v.version, who="test", why="champion")
+    with open_runtime(settings, embedded_server) as rt:
+        policy = rt.live_policy()
+        assert (policy.adapter, policy.adapter_hash) == (v.served_name, v.sha256)
+        served = [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
+        assert v.served_name in served
+    (registry.checked_path(v) / "adapter_model.safetensors").write_bytes(b"swapped")
+    with pytest.raises(AdapterError, match="sha256"):
+        with open_runtime(settings, embedded_server):
+            pass

@@ -1,0 +1,133 @@
+"""Seconds per LoRA optimizer step and peak memory: ratchet's trainer vs a plain peft loop.
+
+    .venv/bin/python bench/lora_step.py [--steps 6] [--rounds 2] [--batch 8]
+
+Both train the same LoRA config (finetune.lora defaults: r=16 on q,k,v,o) on the same batch
+of real training examples (coin expert trajectories replayed into the actor's prompts).
+
+* plain: `model(input_ids, attention_mask, labels=labels).loss` — the textbook peft loop,
+  which projects every position onto the 49k vocabulary;
+* ratchet: `training.lora.target_loss` — the projection only on the labelled positions.
+
+Each measurement runs in a fresh subprocess (so peak RSS is that method's own), methods
+alternate over `--rounds` rounds on the same machine, and the first step (warm-up) is not
+timed. Reported: median seconds per step, speed ratio, peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _batch(n: int) -> list:  # type: ignore[type-arg]
+    from agents.rollout import RolloutSlot, run_expert
+    from suites import get_suite
+    from training.dataset import build_dataset
+
+    suite = get_suite("textworld-express:coin")
+    try:
+        found = [run_expert(suite, RolloutSlot("b", 0, t, -1)) for t in suite.tasks("train", 2 * n)]
+    finally:
+        suite.close()
+    examples = build_dataset([t for t in found if t is not None], per_task=1).examples
+    return sorted(examples, key=lambda e: e.key)[:n]
+
+
+def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
+    import torch
+
+    from ratchet.config import load_settings
+    from server.weights import ensure_hf_copy
+    from training.lora import collate, encode_all, load_for_training, target_loss
+
+    cfg = load_settings({}).finetune.lora
+    model, tok = load_for_training(ensure_hf_copy(ROOT / ".ratchet" / "models"), cfg)
+    data, _ = encode_all(_batch(batch_size), tok, cfg.max_tokens)
+    ids, labels, mask = collate(data, tok.pad_token_id)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    model.train()
+    times = []
+    for i in range(steps + 1):
+        started = time.perf_counter()
+        if method == "plain":
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        else:
+            loss = target_loss(model, ids, labels, mask)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i:  # the first step warms up allocators and kernels
+            times.append(time.perf_counter() - started)
+    return {
+        "sec_per_step": statistics.median(times),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "tokens_per_batch": int(mask.sum()),
+        "target_tokens": int((labels != -100).sum()),
+        "loss": float(loss),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--worker", choices=["plain", "ratchet"], help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lora_step.json")
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps, args.batch)))
+        return
+    runs: dict[str, list[dict[str, float]]] = {"plain": [], "ratchet": []}
+    for r in range(args.rounds):
+        for method in ("plain", "ratchet") if r % 2 == 0 else ("ratchet", "plain"):
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    method,
+                    "--steps",
+                    str(args.steps),
+                    "--batch",
+                    str(args.batch),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            runs[method].append(json.loads(out.strip().splitlines()[-1]))
+            print(method, runs[method][-1], flush=True)
+    summary = {
+        m: {
+            "sec_per_step": statistics.median(x["sec_per_step"] for x in rs),
+            "peak_rss_mb": max(x["peak_rss_mb"] for x in rs),
+        }
+        for m, rs in runs.items()
+    }
+    speed = summary["plain"]["sec_per_step"] / summary["ratchet"]["sec_per_step"]
+    first = runs["plain"][0]
+    print(
+        f"\nbatch {args.batch} examples, {first['tokens_per_batch']} tokens, {first['target_tokens']} learned"
+    )
+    print("| loop | s/step | peak RSS |\n|---|---|---|")
+    for m, s in summary.items():
+        print(f"| {m} | {s['sec_per_step']:.2f} | {s['peak_rss_mb'] / 1024:.2f} GB |")
+    print(f"ratchet speed = {speed:.2f}x the plain loop")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"runs": runs, "summary": summary, "speed_ratio": speed}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
