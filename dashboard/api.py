@@ -13,10 +13,9 @@ from typing import Any, Literal
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
-from flows.runtime import open_library, policy_with
+from flows.runtime import champion_policy, open_library
 from ratchet.config import Settings
 from ratchet.errors import SkillFileError, SkillStateError
-from ratchet.types import Policy
 from skills.library import SkillLibrary
 
 Action = Literal["promote", "reject", "retire", "rollback"]
@@ -35,7 +34,7 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
     app = FastAPI(title="ratchet", docs_url="/api/docs", openapi_url="/api/openapi.json")
 
     def live() -> str:
-        return policy_with(Policy(model=settings.model.name), lib.list(status="promoted")).version
+        return champion_policy(settings, lib).version
 
     def load(name: str) -> Any:
         try:
@@ -70,7 +69,12 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
 
     @app.get("/api/policy")
     def policy() -> dict[str, Any]:
-        return {"version": live(), "promoted": [s.name for s in lib.list(status="promoted")]}
+        p = champion_policy(settings, lib)
+        return {
+            "version": p.version,
+            "adapter": p.adapter,
+            "promoted": [s.name for s in lib.list(status="promoted")],
+        }
 
     @app.post("/api/skills/{name}/{action}")
     def decide(name: str, action: Action, decision: Decision) -> dict[str, Any]:

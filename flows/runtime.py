@@ -64,6 +64,21 @@ class LoopRuntime:
         self.toolbox = Toolbox(skills, d.tool_timeout_s, d.tool_memory_mb) if skills else None
 
 
+def model_policy(settings: Settings, adapter: AdapterVersion | None) -> Policy:
+    """The endpoint's model with `adapter` (None: the base model), no skills or tools."""
+    if adapter is None:
+        return Policy(model=settings.model.name)
+    return Policy(model=settings.model.name, adapter=adapter.served_name, adapter_hash=adapter.sha256)
+
+
+def champion_policy(settings: Settings, library: SkillLibrary) -> Policy:
+    """The live policy as recorded (champion adapter, promoted skills and tools), no endpoint needed:
+    what the CLI and the HTTP API report before and after a decision."""
+    return policy_with(
+        model_policy(settings, AdapterRegistry(settings).champion()), library.list(status="promoted")
+    )
+
+
 def policy_with(base: Policy, skills: list[Skill]) -> Policy:
     """`base` plus these skills: procedures and guardrails as prompt skills, tools as tools."""
     texts = tuple(s.text() for s in skills if s.kind != "tool")

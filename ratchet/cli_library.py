@@ -152,18 +152,17 @@ def tools_serve(
 def _change(name: str, to: str, reason: str, by: str | None) -> None:
     import getpass
 
-    from flows.runtime import policy_with
-    from ratchet.types import Policy
+    from flows.runtime import champion_policy
 
     settings, library = _library()
-    before = policy_with(Policy(model=settings.model.name), library.list(status="promoted")).version
+    before = champion_policy(settings, library).version
     who = by or getpass.getuser()
     if to == "rollback":
         changed = library.rollback(name, who=who, why=reason)
     else:
         library.transition(name, to, who=who, why=reason)  # type: ignore[arg-type]
         changed = [name]
-    after = policy_with(Policy(model=settings.model.name), library.list(status="promoted")).version
+    after = champion_policy(settings, library).version
     verb = "retired" if to == "rollback" else to
     console.print(f"{verb}: {', '.join(changed)} · live policy {before} → {after}")
 
