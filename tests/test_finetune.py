@@ -176,6 +176,13 @@ def test_the_next_run_plays_the_champion_adapter_and_refuses_a_tampered_one(
         assert (policy.adapter, policy.adapter_hash) == (v.served_name, v.sha256)
         served = [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
         assert v.served_name in served
+    # base and adapter side by side on one server, answering differently
+    said = {}
+    for model in (settings.model.name, v.served_name):
+        body = {"model": model, "messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 8}
+        reply = httpx.post(f"{embedded_server}/chat/completions", json=body | {"temperature": 0}, timeout=60)
+        said[model] = reply.json()["choices"][0]["message"]["content"]
+    assert said[settings.model.name] != said[v.served_name]
     (registry.checked_path(v) / "adapter_model.safetensors").write_bytes(b"swapped")
     with pytest.raises(AdapterError, match="sha256"):
         with open_runtime(settings, embedded_server):
