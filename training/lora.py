@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.config import LoraSettings
+from ratchet.files import atomic_dir
 from training.examples import ChatExample
 
 IGNORE = -100
@@ -195,16 +194,8 @@ def train_lora(
 
 def save_adapter(model: Any, out_dir: Path) -> None:
     """Write the adapter next to `out_dir` and rename it into place."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fit_adapter(

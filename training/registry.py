@@ -35,6 +35,7 @@ from mlflow.tracking import MlflowClient
 
 from ratchet.config import Settings
 from ratchet.errors import AdapterError, AdapterStateError
+from ratchet.files import atomic_dir
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 CHAMPION = "champion"
@@ -142,10 +143,9 @@ class AdapterRegistry:
         sha = adapter_sha256(adapter_dir)
         home = self.local_dir(sha)
         if adapter_dir.resolve() != home.resolve():
-            home.parent.mkdir(parents=True, exist_ok=True)
-            if home.exists():
-                shutil.rmtree(home)
-            shutil.copytree(adapter_dir, home)
+            with atomic_dir(home) as tmp:
+                for name in ADAPTER_FILES:
+                    shutil.copy2(adapter_dir / name, tmp / name)
         with self._locked():
             existing = self.find(dataset, config)
             if existing is not None:  # a rerun after a kill between registering and moving on
