@@ -9,7 +9,9 @@ registered for this dataset and LoRA config is reused instead of trained again; 
 training leaves no adapter (written to a temp dir, renamed); the gate's rollouts are stored
 under the adapter's arm and replayed from the store on a rerun; the alias moves in one call.
 
-The stage is skipped when fewer than `finetune.min_new_successes` kept successes are new
+Each adapter is trained from the base model on every clean success so far (not on top of
+the previous adapter): reproducible from its dataset alone, and no drift compounds across
+generations. The stage is skipped when fewer than `finetune.min_new_successes` kept successes are new
 since the last trained adapter. With a remote policy endpoint (`finetune.mode = "auto"`)
 there are no local weights to train: the stage writes the dataset as an OpenAI fine-tuning
 JSONL file, says where, and the loop goes on.
@@ -30,6 +32,7 @@ from flows import progress, tracking
 from flows.runtime import LoopRuntime, open_runtime
 from flows.verify import check_dev_size, gate_evidence, run_gates
 from ratchet.config import Settings
+from ratchet.files import write_text_atomic
 from ratchet.hashing import content_hash
 from server.launcher import ensure_adapter
 from skills.intervention import GateDecision
@@ -120,8 +123,8 @@ def _train(
     s = rt.settings
     cfg = s.finetune.lora
     path = data.write_openai_jsonl(s.adapters_dir / "datasets" / f"{data.version}.jsonl")
-    (path.with_suffix(".sources.json")).write_text(json.dumps(sorted(data.sources)))
-    out = s.adapters_dir / ".training" / data.version
+    write_text_atomic(path.with_suffix(".sources.json"), json.dumps(sorted(data.sources)))
+    out = s.adapters_dir / ".training" / f"{data.version}-{config_hash(s)}"
 
     def on_step(step: int, total: int, loss: float) -> None:
         progress.report("finetune", step, total)
@@ -143,14 +146,14 @@ def _train(
                     "finetune_final_loss": trained.losses[-1],
                 }
             )
-    sha = adapter_sha256(out)[:12]
+    sha = adapter_sha256(out)
     run = mlflow.active_run()
-    run_id, source = "", str(out)
+    run_id, source = "", str(registry.local_dir(sha))  # outside a tracked run: only the local copy
     if run is not None:
         _log_dataset(data, path)
         tracking.log_params({f"lora_{k}": v for k, v in cfg.model_dump(mode="json").items()})
-        mlflow.log_artifacts(str(out), f"adapters/{sha}")
-        run_id, source = run.info.run_id, f"{run.info.artifact_uri}/adapters/{sha}"
+        mlflow.log_artifacts(str(out), f"adapters/{sha[:12]}")
+        run_id, source = run.info.run_id, f"{run.info.artifact_uri}/adapters/{sha[:12]}"
     adapter = registry.register(out, run_id, source, data.version, config_hash(s), who)
     shutil.rmtree(out, ignore_errors=True)  # the registry keeps its own copy
     return adapter, seconds

@@ -23,3 +23,12 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file and a rename (never a torn file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
