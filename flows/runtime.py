@@ -47,13 +47,10 @@ class LoopRuntime:
 
     def base_policy(self) -> Policy:
         """The endpoint's model with the champion adapter (none in generation 0); no skills or tools."""
-        a = self.adapter
-        return Policy(
-            model=self.settings.model.name, adapter=a and a.served_name, adapter_hash=a and a.sha256
-        )
+        return model_policy(self.settings, self.adapter)
 
     def live_policy(self) -> Policy:
-        """The base model with every promoted skill and tool of the library."""
+        """The champion: base model and champion adapter, with every promoted skill and tool."""
         if self.library is None:
             return self.base_policy()
         return policy_with(self.base_policy(), self.library.list(status="promoted"))
