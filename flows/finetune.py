@@ -206,7 +206,9 @@ def _log_dataset(data: Dataset, path: Path) -> None:
     """The dataset version as an MLflow dataset input (name, digest, counts) plus its JSONL file."""
     import pandas as pd
 
-    rows = [{"trajectory_id": e.trajectory_id, "task_id": e.task_id, "step": e.step} for e in data.examples]
+    rows = [
+        {"trajectory_id": e.trajectory_id, "task_id": e.task_id, "step": str(e.step)} for e in data.examples
+    ]
     ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=str(path), name=f"sft-{data.version}")
     mlflow.log_input(ds, context="finetune", tags={k: str(v) for k, v in data.counts.items()})
     mlflow.log_artifact(str(path), "finetune")

@@ -24,6 +24,16 @@ from training.registry import AdapterRegistry, adapter_sha256
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(autouse=True)
+def _unload_new_adapters(embedded_server: str) -> Any:
+    """The server is shared by the whole session: leave it serving what it served before."""
+    before = {m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]}
+    yield
+    for m in httpx.get(f"{embedded_server}/models").json()["data"]:
+        if m["id"] not in before:
+            httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": m["id"]})
+
+
 def _coin_examples(n_tasks: int) -> list[Any]:
     suite = get_suite("textworld-express:coin")
     try:
