@@ -60,7 +60,7 @@ def test_lora_learns_the_target_turns_and_reloads_identically(base_model_dir: Pa
     with torch.no_grad():
         before = target_loss(model.eval(), ids, labels, mask).item()
     out = tmp_path / "adapter"
-    result = train_lora(model, tok, data, out, cfg)
+    result = train_lora(model, data, out, cfg)
     assert result.steps == 4 and all(torch.isfinite(torch.tensor(result.losses)))
     with torch.no_grad():
         after = target_loss(model, ids, labels, mask).item()

@@ -4,10 +4,14 @@ The base weights are the plain HF copy the embedded server also uses (server.wei
 dequantized from the shipped GGUF once, cached under the models dir). Two things make a
 step cheaper than the textbook `model(..., labels=...)` loop, measured in bench/lora_step.py:
 
+* no padding: a batch is its examples one at a time, gradients accumulated. A padded batch
+  needs an attention mask, and with a mask PyTorch's CPU attention falls back to the kernel
+  that keeps every layer's full attention matrix for the backward pass (8 examples of ~1k
+  tokens: ~10 GB, which killed a 24 GB machine); one unpadded sequence is causal-only and
+  takes the flash kernel, whose memory grows linearly with length;
 * the vocabulary projection runs only on the positions that carry a label (the model's own
   turns), not on every prompt token: with a 49k vocabulary that projection and its fp32
-  logits are most of a step's time and memory on a 135M model;
-* batches are drawn from length buckets, so little compute goes to padding.
+  logits are a large share of a step's time and memory on a 135M model.
 
 The adapter is written to a temporary directory and renamed into place: a killed run leaves
 no half-written adapter behind.
@@ -81,19 +85,14 @@ def encode_all(examples: Sequence[ChatExample], tokenizer: Any, max_tokens: int)
 
 
 def batches(data: Sequence[Encoded], batch_size: int, rng: random.Random) -> list[list[Encoded]]:
-    """Shuffled batches of similar length: shuffle, sort within windows of 8 batches, shuffle batches."""
+    """One epoch of shuffled batches."""
     order = list(data)
     rng.shuffle(order)
-    window = batch_size * 8
-    out: list[list[Encoded]] = []
-    for i in range(0, len(order), window):
-        chunk = sorted(order[i : i + window], key=lambda e: len(e.input_ids))
-        out += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
-    rng.shuffle(out)
-    return out
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 def collate(batch: Sequence[Encoded], pad_id: int) -> tuple[Any, Any, Any]:
+    """A right-padded batch with its attention mask (the textbook loop in bench/lora_step.py)."""
     import torch
 
     width = max(len(e.input_ids) for e in batch)
@@ -129,20 +128,32 @@ def load_for_training(base_dir: Path, cfg: LoraSettings) -> tuple[Any, Any]:
     return get_peft_model(model, lora), tokenizer
 
 
-def target_loss(model: Any, ids: Any, labels: Any, mask: Any) -> Any:
-    """Mean next-token loss over labelled positions, projecting only those onto the vocabulary."""
+def target_loss(model: Any, ids: Any, labels: Any, mask: Any = None, reduction: str = "mean") -> Any:
+    """Next-token loss over labelled positions, projecting only those onto the vocabulary."""
     import torch.nn.functional as F
 
     hidden = model.get_base_model().model(input_ids=ids, attention_mask=mask).last_hidden_state
     shifted = labels[:, 1:]
     keep = shifted != IGNORE
     logits = model.get_base_model().lm_head(hidden[:, :-1][keep])
-    return F.cross_entropy(logits.float(), shifted[keep])
+    return F.cross_entropy(logits.float(), shifted[keep], reduction=reduction)
+
+
+def accumulate(model: Any, batch: Sequence[Encoded]) -> float:
+    """Backward the batch's mean target-token loss, one unpadded example at a time; returns it."""
+    import torch
+
+    learned = sum(sum(1 for x in e.labels if x != IGNORE) for e in batch)
+    total = 0.0
+    for e in batch:
+        loss = target_loss(model, torch.tensor([e.input_ids]), torch.tensor([e.labels]), reduction="sum")
+        (loss / learned).backward()
+        total += float(loss.item())
+    return total / learned
 
 
 def train_lora(
     model: Any,
-    tokenizer: Any,
     data: Sequence[Encoded],
     out_dir: Path,
     cfg: LoraSettings,
@@ -173,17 +184,15 @@ def train_lora(
     step = 0
     for epoch in plan:
         for batch in epoch:
-            ids, labels, mask = collate(batch, tokenizer.pad_token_id)
-            loss = target_loss(model, ids, labels, mask)
-            if not math.isfinite(loss.item()):
-                raise FloatingPointError(f"loss is {loss.item()} at step {step}; lower finetune.lora.lr")
-            loss.backward()
+            loss = accumulate(model, batch)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at step {step}; lower finetune.lora.lr")
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
-            result.losses.append(float(loss.item()))
+            result.losses.append(loss)
             if on_step is not None:
                 on_step(step, total, result.losses[-1])
     model.eval()
@@ -218,4 +227,4 @@ def fit_adapter(
         raise ValueError(
             f"all {len(examples)} examples are longer than finetune.lora.max_tokens={cfg.max_tokens}"
         )
-    return train_lora(model, tokenizer, data, out_dir, cfg, on_step), too_long
+    return train_lora(model, data, out_dir, cfg, on_step), too_long
