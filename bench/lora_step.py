@@ -5,9 +5,16 @@
 Both train the same LoRA config (finetune.lora defaults: r=16 on q,k,v,o) on the same batch
 of real training examples (coin expert trajectories replayed into the actor's prompts).
 
-* plain: `model(input_ids, attention_mask, labels=labels).loss` — the textbook peft loop,
-  which projects every position onto the 49k vocabulary;
-* ratchet: `training.lora.target_loss` — the projection only on the labelled positions.
+* plain: the textbook peft loop: a right-padded batch with its attention mask,
+  `model(input_ids, attention_mask, labels=labels).loss`, every position projected onto the
+  49k vocabulary;
+* ratchet: `training.lora.accumulate` — the same examples one at a time without padding
+  (causal-only attention takes the flash kernel), gradients accumulated, the projection only
+  on the labelled positions.
+
+The batch is the `--batch` examples nearest the median length (not the longest: with a mask,
+the plain loop keeps every layer's full attention matrix, and 8 examples of ~1.5k tokens
+need more than the machine's 24 GB).
 
 Each measurement runs in a fresh subprocess (so peak RSS is that method's own), methods
 alternate over `--rounds` rounds on the same machine, and the first step (warm-up) is not
@@ -39,8 +46,7 @@ def _batch(n: int) -> list:  # type: ignore[type-arg]
         found = [run_expert(suite, RolloutSlot("b", 0, t, -1)) for t in suite.tasks("train", 2 * n)]
     finally:
         suite.close()
-    examples = build_dataset([t for t in found if t is not None], per_task=1).examples
-    return sorted(examples, key=lambda e: e.key)[:n]
+    return build_dataset([t for t in found if t is not None], per_task=1).examples
 
 
 def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
@@ -48,11 +54,14 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
 
     from ratchet.config import load_settings
     from server.weights import ensure_hf_copy
-    from training.lora import collate, encode_all, load_for_training, target_loss
+    from training.lora import accumulate, collate, encode_all, load_for_training
 
     cfg = load_settings({}).finetune.lora
     model, tok = load_for_training(ensure_hf_copy(ROOT / ".ratchet" / "models"), cfg)
     data, _ = encode_all(_batch(batch_size), tok, cfg.max_tokens)
+    data = sorted(data, key=lambda e: len(e.input_ids))
+    mid = len(data) // 2
+    data = data[max(0, mid - batch_size // 2) :][:batch_size]
     ids, labels, mask = collate(data, tok.pad_token_id)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
@@ -62,9 +71,9 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
         started = time.perf_counter()
         if method == "plain":
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
         else:
-            loss = target_loss(model, ids, labels, mask)
-        loss.backward()
+            loss = accumulate(model, data)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i:  # the first step warms up allocators and kernels
@@ -75,6 +84,7 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
         "tokens_per_batch": int(mask.sum()),
         "target_tokens": int((labels != -100).sum()),
         "loss": float(loss),
+        "lengths": [len(e.input_ids) for e in data],
     }
 
 

@@ -82,15 +82,36 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
     found = f"{explored.report.successes}/{explored.report.n}"
     print(f"{target}: explore {found} successes; dataset {dict(dataset.counts)}", flush=True)
     adapter_dir = settings.adapters_dir / f"rft-{dataset.version}"
+    row: dict[str, Any] = {
+        "target": target,
+        "experts_used": args.experts,
+        "test_tasks": before.report.n,
+        "before": before.report.successes,
+        "before_ci95": [round(x, 3) for x in before.report.ci95],
+        "explore_rollouts": explored.report.n,
+        "explore_successes": explored.report.successes,
+        "dataset": dict(dataset.counts) | {"version": dataset.version},
+    }
+    if not dataset.examples:  # RFT cannot start from zero: nothing to learn, nothing to evaluate
+        row["note"] = "no clean success to learn from: no adapter trained"
+        print(json.dumps(row), flush=True)
+        return row
     t0 = time.perf_counter()
-    trained, too_long = fit_adapter(
-        ROOT / ".ratchet" / "models",  # the server's copy: converted once
-        dataset.examples,
-        adapter_dir,
-        settings.finetune.lora,
-        on_step=lambda i, n, loss: print(f"  step {i}/{n} loss {loss:.3f}", flush=True),
-    )
-    timings["train_s"] = time.perf_counter() - t0
+    if not (adapter_dir / "adapter_model.safetensors").is_file():  # a rerun with --data reuses it
+        trained, too_long = fit_adapter(
+            ROOT / ".ratchet" / "models",  # the server's copy: converted once
+            dataset.examples,
+            adapter_dir,
+            settings.finetune.lora,
+            on_step=lambda i, n, loss: print(f"  step {i}/{n} loss {loss:.3f}", flush=True),
+        )
+        row |= {
+            "too_long": too_long,
+            "train_steps": trained.steps,
+            "train_tokens": trained.tokens,
+            "final_loss": round(sum(trained.losses[-5:]) / min(5, len(trained.losses)), 4),
+        }
+        timings["train_s"] = time.perf_counter() - t0
     name = f"rft-{dataset.version}"
     sha = adapter_sha256(adapter_dir)
     ensure_adapter(url, name, adapter_dir)
@@ -113,24 +134,13 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
         if repairs + regressions
         else 1.0
     )
-    row = {
-        "target": target,
-        "experts_used": args.experts,
-        "test_tasks": before.report.n,
-        "before": before.report.successes,
-        "before_ci95": [round(x, 3) for x in before.report.ci95],
+    row |= {
         "after": after_result.report.successes,
         "after_ci95": [round(x, 3) for x in after_result.report.ci95],
         "gain_points": round(100 * (after_result.report.success_rate - before.report.success_rate), 1),
         "repairs": repairs,
         "regressions": regressions,
         "mcnemar_p": round(p, 4),
-        "explore_rollouts": explored.report.n,
-        "explore_successes": explored.report.successes,
-        "dataset": dict(dataset.counts) | {"too_long": too_long, "version": dataset.version},
-        "train_steps": trained.steps,
-        "train_tokens": trained.tokens,
-        "final_loss": round(sum(trained.losses[-5:]) / min(5, len(trained.losses)), 4),
         **{k: round(v, 1) for k, v in timings.items()},
     }
     print(json.dumps(row), flush=True)
@@ -162,6 +172,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         n = r["test_tasks"]
+        if "after" not in r:
+            experts = "yes" if r["experts_used"] else "no"
+            print(f"| {r['target']} | {experts} | {r['before']}/{n} | - | - | {r['note']} | |")
+            continue
         print(
             f"| {r['target']} | {'yes' if r['experts_used'] else 'no'} "
             f"| {r['before']}/{n} {r['before_ci95']} "
