@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -209,7 +210,9 @@ def _log_dataset(data: Dataset, path: Path) -> None:
     rows = [
         {"trajectory_id": e.trajectory_id, "task_id": e.task_id, "step": str(e.step)} for e in data.examples
     ]
-    ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=str(path), name=f"sft-{data.version}")
+    with warnings.catch_warnings():  # MLflow finds two equal readings of a local path and says so
+        warnings.simplefilter("ignore", UserWarning)
+        ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=str(path), name=f"sft-{data.version}")
     mlflow.log_input(ds, context="finetune", tags={k: str(v) for k, v in data.counts.items()})
     mlflow.log_artifact(str(path), "finetune")
 

@@ -52,8 +52,8 @@ def test_lora_learns_the_target_turns_and_reloads_identically(base_model_dir: Pa
 
     cfg = load_settings({}).finetune.lora.model_copy(update={"epochs": 4, "batch_size": 4, "lr": 2e-3})
     model, tok = load_for_training(base_model_dir, cfg)
-    data, too_long = encode_all(_coin_examples(3)[:4], tok, cfg.max_tokens)
-    assert too_long == 0 and len(data) == 4
+    data = encode_all(_coin_examples(6), tok, cfg.max_tokens)[0][:4]  # gold paths vary: take 4 that fit
+    assert len(data) == 4
     learned = tok.decode([t for t in data[0].labels if t != IGNORE])
     assert learned.startswith('{"name":"act","arguments":{"action":') and learned.endswith("<|im_end|>")
     ids, labels, mask = collate(data, tok.pad_token_id)

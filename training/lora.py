@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +126,9 @@ def load_for_training(base_dir: Path, cfg: LoraSettings) -> tuple[Any, Any]:
         target_modules=list(cfg.targets),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora), tokenizer
+    with warnings.catch_warnings():  # peft calls a transformers API deprecated for v6: not ours to fix
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(model, lora), tokenizer
 
 
 def target_loss(model: Any, ids: Any, labels: Any, mask: Any = None, reduction: str = "mean") -> Any:
