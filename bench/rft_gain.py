@@ -35,13 +35,13 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
     from prefect import flow
     from scipy.stats import binomtest
 
+    from flows.finetune import training_dataset
     from flows.launch import run_flow
     from flows.runtime import open_runtime
     from flows.stages import evaluate_stage, explore_stage
     from ratchet.config import load_settings
     from ratchet.runtime_env import prepare_environment
     from server.launcher import ensure_adapter
-    from training.dataset import build_dataset
     from training.lora import fit_adapter
     from training.registry import adapter_sha256
 
@@ -62,7 +62,7 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
     timings: dict[str, float] = {}
 
     @flow(name="rft-before-and-explore", validate_parameters=False)
-    def before_and_explore(settings: Any) -> tuple[Any, Any, list[Any]]:
+    def before_and_explore(settings: Any) -> tuple[Any, Any, Any]:
         with open_runtime(settings, url) as rt:
             base = rt.base_policy()
             t0 = time.perf_counter()
@@ -71,14 +71,9 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
             t0 = time.perf_counter()
             explored = explore_stage(rt, 0, base)
             timings["explore_s"] = time.perf_counter() - t0
-            kinds = {"agent", "expert"} if settings.finetune.experts else {"agent"}
-            trajs = [
-                t for t in rt.store.query(evolution=settings.evolution, split="train") if t.kind in kinds
-            ]
-            return before, explored, trajs
+            return before, explored, training_dataset(rt)  # exactly the finetune stage's data
 
-    before, explored, trajs = run_flow(before_and_explore, settings)
-    dataset = build_dataset(trajs, settings.finetune.per_task, settings.finetune.loops == "drop")
+    before, explored, dataset = run_flow(before_and_explore, settings)
     found = f"{explored.report.successes}/{explored.report.n}"
     print(f"{target}: explore {found} successes; dataset {dict(dataset.counts)}", flush=True)
     adapter_dir = settings.adapters_dir / f"rft-{dataset.version}"

@@ -22,7 +22,6 @@ are kept once. The dataset's version is the content hash of its examples.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from diagnosis.attribution import action_path, normalize_action
 from diagnosis.signals import loop
+from ratchet.files import write_text_atomic
 from ratchet.hashing import content_hash
 from ratchet.types import Trajectory
 from training.examples import ChatExample, ReplayError, replay
@@ -47,13 +47,7 @@ class Dataset:
 
     def write_openai_jsonl(self, path: Path) -> Path:
         """OpenAI chat fine-tuning format, written atomically (a killed export leaves nothing)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with tmp.open("w") as f:
-            for e in self.examples:
-                f.write(json.dumps(e.openai_finetune()) + "\n")
-        tmp.replace(path)
-        return path
+        return write_text_atomic(path, "".join(json.dumps(e.openai_finetune()) + "\n" for e in self.examples))
 
 
 def lucky(traj: Trajectory, drop_loops: bool = False) -> str | None:

@@ -152,8 +152,9 @@ class AdapterRegistry:
                 return existing
             try:
                 self.client.create_registered_model(self.name, description="LoRA adapters of the policy")
-            except MlflowException:
-                pass  # already exists
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
             tags = {"sha256": sha, "dataset": dataset, "config": config, "status": "candidate"}
             mv = self.client.create_model_version(self.name, source, run_id=run_id, tags=tags)
             self._audit(int(mv.version), "", "candidate", who, "trained", {})
