@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -98,6 +99,18 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
+def install_champion(settings: Any, adapter_dir: Path) -> None:
+    """Make a trained LoRA adapter the champion (as a person would promote it), once."""
+    from training.registry import AdapterRegistry
+
+    registry = AdapterRegistry(settings)
+    if registry.champion() is not None:
+        return
+    v = registry.register(adapter_dir, None, str(adapter_dir), "bench", "bench", who="bench")
+    registry.decide(v.version, "verified", who="bench", why="given", evidence={"decision": "accept"})
+    registry.promote(v.version, who="bench", why="the policy under test")
+
+
 def run_aa(
     gates: int = 40,
     dev: int = 16,
@@ -106,6 +119,8 @@ def run_aa(
     concurrency: int = 8,
     data_dir: Path | None = None,
     base_url: str | None = None,
+    temperature: float = 0.0,
+    adapter: Path | None = None,
 ) -> dict:
     """Gate `gates` irrelevant candidates against the base policy; the summary of what passed."""
     from flows.launch import run_flow
@@ -124,9 +139,12 @@ def run_aa(
             "max_steps": max_steps,
             "concurrency": concurrency,
             "verify.promotion": "manual",
+            "evaluate.temperature": temperature,
         }
     )
     prepare_environment(settings)
+    if adapter is not None:
+        install_champion(settings, adapter)
     library = open_library(settings)
     family = suite.split(",")[0]
     for skill in irrelevant_skills(gates, family):
@@ -141,6 +159,8 @@ def run_aa(
     lo, hi = clopper_pearson(len(accepted), len(verdicts))
     return {
         "suite": suite,
+        "temperature": temperature,
+        "adapter": str(adapter) if adapter else None,
         "gates": len(verdicts),
         "accepted": len(accepted),
         "false_promotion_rate": len(accepted) / max(1, len(verdicts)),
@@ -164,9 +184,22 @@ def main() -> None:
     p.add_argument("--suite", default="reasoning-gym:chain_sum")
     p.add_argument("--max-steps", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--adapter", type=Path, default=None, help="a LoRA adapter dir to test as the champion")
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="the policy's sampling temperature (0 = greedy)"
+    )
     p.add_argument("--data-dir", type=Path, default=None, help="reuse (resume) a previous run's state")
     args = p.parse_args()
-    summary = run_aa(args.gates, args.dev, args.suite, args.max_steps, args.concurrency, args.data_dir)
+    summary = run_aa(
+        args.gates,
+        args.dev,
+        args.suite,
+        args.max_steps,
+        args.concurrency,
+        args.data_dir,
+        temperature=args.temperature,
+        adapter=args.adapter,
+    )
     lo, hi = summary["ci95"]
     print(
         f"A/A on {args.suite}: {summary['accepted']}/{summary['gates']} irrelevant candidates admitted "

@@ -25,6 +25,7 @@ from flows.progress import report
 from flows.rollouts import MODEL_CALL
 from flows.runtime import LoopRuntime, open_runtime
 from memory.vector_index import VectorIndex
+from ratchet import faults
 from ratchet.config import Settings
 from ratchet.types import FAILURE_MODES, Diagnosis, Trajectory
 
@@ -59,6 +60,7 @@ def diagnose_stage(rt: LoopRuntime, generation: int) -> DiagnoseResult:
     done = len(failures) - len(todo)
     for future in as_completed(futures) if futures else ():
         rt.store.put_diagnoses([future.result()])
+        faults.point("diagnosis.stored")
         done += 1
         report("diagnose", done, len(failures))
     failed = {t.id for t in failures}

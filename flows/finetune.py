@@ -32,6 +32,7 @@ from prefect import flow
 from flows import progress, tracking
 from flows.runtime import LoopRuntime, open_runtime
 from flows.verify import check_dev_size, gate_evidence, run_gates
+from ratchet import faults
 from ratchet.config import Settings
 from ratchet.files import write_text_atomic
 from ratchet.hashing import content_hash
@@ -105,6 +106,7 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
     result.train_seconds = seconds
     if adapter.status == "candidate":
         adapter = _gate(rt, registry, adapter, generation, who, result)
+        faults.point("adapter.decided")
     if adapter.status == "verified" and s.verify.promotion == "auto":
         adapter = registry.promote(adapter.version, who=f"{who}:auto", why="promotion policy 'auto'")
     result.status = adapter.status
@@ -147,6 +149,7 @@ def _train(
                     "finetune_final_loss": trained.losses[-1],
                 }
             )
+        faults.point("adapter.trained")
     sha = adapter_sha256(out)
     run = mlflow.active_run()
     run_id, source = "", str(registry.local_dir(sha))  # outside a tracked run: only the local copy
@@ -156,6 +159,7 @@ def _train(
         mlflow.log_artifacts(str(out), f"adapters/{sha[:12]}")
         run_id, source = run.info.run_id, f"{run.info.artifact_uri}/adapters/{sha[:12]}"
     adapter = registry.register(out, run_id, source, data.version, config_hash(s), who)
+    faults.point("adapter.registered")
     shutil.rmtree(out, ignore_errors=True)  # the registry keeps its own copy
     return adapter, seconds
 
@@ -171,7 +175,7 @@ def _gate(
     """The adapter is an intervention: champion with vs without it, same dev tasks, same seeds."""
     s = rt.settings
     tasks = rt.suite.tasks("dev", s.splits.dev)
-    check_dev_size(s, {"all families": tasks})
+    check_dev_size(s, {"all families": len(tasks)})
     ensure_adapter(
         rt.base_url,
         adapter.served_name,

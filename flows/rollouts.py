@@ -18,6 +18,7 @@ from agents.model import is_transient
 from agents.rollout import RolloutSlot, run_rollout
 from flows.progress import report
 from flows.runtime import LoopRuntime
+from ratchet import faults
 from ratchet.types import Policy, Trajectory
 
 
@@ -47,6 +48,7 @@ def rollout_task(rt: LoopRuntime, slot: RolloutSlot, policy: Policy, settings: A
         skills = tuple(rt.retriever.select(slot.task.instruction, policy.skills, k, budget))
     traj = run_rollout(rt.actor, rt.suite, slot, policy, settings, tool_runner=rt.toolbox, skills=skills)
     rt.store.put(traj)
+    faults.point("rollout.stored")
     return traj.id
 
 

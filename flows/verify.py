@@ -103,7 +103,7 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     dev: dict[str, list[Task]] = defaultdict(list)
     for task in rt.suite.tasks("dev", s.splits.dev):
         dev[f"{task.suite}:{task.subset}"].append(task)
-    check_dev_size(s, dev)
+    check_dev_size(s, {family: len(tasks) for family, tasks in dev.items()})
     promoted_tools = rt.library.list(status="promoted", kind="tool")
     rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])
 
@@ -136,13 +136,13 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     return result
 
 
-def check_dev_size(s: Settings, dev: dict[str, list[Task]]) -> None:
-    """Refuse a dev split on which the gate could never admit anything (one clear line)."""
+def check_dev_size(s: Settings, dev: dict[str, int]) -> None:
+    """Refuse a dev split (tasks per family) on which the gate could never admit anything."""
     need = math.ceil(math.log2(1 / s.verify.alpha))  # all-repairs on fewer tasks is never significant
-    small = sorted(f for f, tasks in dev.items() if len(tasks) < need)
+    small = sorted(f for f, n in dev.items() if n < need)
     if small:
         raise ConfigError(
-            f"the dev split has too few tasks for the gate ({small[0]}: {len(dev[small[0]])}); even "
+            f"the dev split has too few tasks for the gate ({small[0]}: {dev[small[0]]}); even "
             f"{need - 1} repairs out of {need - 1} are not significant at alpha={s.verify.alpha}",
             f"set splits.dev to at least {need} (16 or more gives the gate room to decide)",
         )

@@ -207,6 +207,34 @@ def finetune(
 
 
 @app.command()
+def evolve(
+    generations: Annotated[
+        int | None, typer.Option("--generations", "-n", min=1, help="generations after the baseline")
+    ] = None,
+    train: Annotated[int | None, typer.Option(help="train tasks per subset")] = None,
+    test: Annotated[int | None, typer.Option(help="test tasks per subset")] = None,
+    k: Annotated[int | None, typer.Option("-k", help="rollouts per train task")] = None,
+) -> None:
+    """Evolve: generation 0 is the baseline, then explore → … → evaluate per generation (rerun = resume)."""
+    with guard():
+        settings = load(
+            **{
+                "evolve.generations": generations,
+                "splits.train": train,
+                "splits.test": test,
+                "explore.rollouts_per_task": k,
+            }
+        )
+        from flows.evolve import check_settings, evolve_flow
+        from ratchet.cli_evolve import print_evolution
+
+        check_settings(settings)  # one clear line, before Prefect starts
+        with _progress():
+            journal = evolve_flow(settings=settings)
+        print_evolution(settings, journal)
+
+
+@app.command()
 def run(
     generation: GenOpt = 0,
     train: Annotated[int | None, typer.Option(help="train tasks per subset")] = None,

@@ -115,6 +115,21 @@ class VerifySettings(BaseModel):
     )
 
 
+class EvolveSettings(BaseModel):
+    """`ratchet evolve`: how many generations, and where rollouts run."""
+
+    generations: int = Field(default=2, ge=1, description="generations after the baseline (generation 0)")
+    task_runner: Literal["threads", "dask", "ray"] = Field(
+        default="threads",
+        description="Prefect task runner for rollouts: threads (default), dask or ray (install the extra)",
+    )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="dask/ray workers (default: one per CPU core); threads use concurrency",
+    )
+
+
 class LoraSettings(BaseModel):
     """LoRA hyperparameters (peft). Part of an adapter's identity: change one and it trains anew."""
 
@@ -162,7 +177,7 @@ class SkillSettings(BaseModel):
 
 class SplitSizes(BaseModel):
     train: int = Field(default=2, ge=0, description="train tasks per subset")
-    dev: int = Field(default=3, ge=0, description="dev tasks per subset")
+    dev: int = Field(default=8, ge=0, description="dev tasks per subset (the A/B gate needs 5 or more)")
     test: int = Field(default=3, ge=0, description="test tasks per subset")
 
 
@@ -203,6 +218,7 @@ class Settings(BaseSettings):
     skills: SkillSettings = Field(default_factory=SkillSettings)
     verify: VerifySettings = Field(default_factory=VerifySettings)
     finetune: FinetuneSettings = Field(default_factory=FinetuneSettings)
+    evolve: EvolveSettings = Field(default_factory=EvolveSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -247,6 +263,11 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return (self.data_dir / "models").resolve()
+
+    @property
+    def evolve_journal(self) -> Path:
+        """Which stages of which generation finished (`ratchet evolve` resumes from it)."""
+        return self.data_dir / "evolutions" / f"{self.evolution}.json"
 
     @property
     def adapters_dir(self) -> Path:

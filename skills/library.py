@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from memory.vector_index import VectorIndex
+from ratchet import faults
 from ratchet.errors import SkillFileError, SkillStateError
 from skills.format import FILE, TRANSITIONS, Skill, SkillKind, SkillStatus, load, render, write_files
 
@@ -154,6 +155,7 @@ class SkillLibrary:
             self.index.upsert([name], [_document(skill)], [_metadata(skill)])
         if self.on_change is not None:
             self.on_change(self.history(name)[-1])
+        faults.point("skill.added")
         return AddResult(name, "added", "candidate")
 
     def transition(
@@ -191,6 +193,7 @@ class SkillLibrary:
             self.index.upsert([name], [_document(skill)], [_metadata(skill) | {"status": to}])
         if self.on_change is not None:
             self.on_change(record)
+        faults.point("skill.transition")
         return record
 
     def rollback(self, name: str, who: str, why: str) -> list[str]:

@@ -1,0 +1,76 @@
+"""Prefect flow `evolve`: generations of the loop, each stage a subflow, resumable after a kill.
+
+    generation 0    evaluate                      the starting champion: the baseline
+    generation g    explore → diagnose → distill → verify → finetune → evaluate
+
+`verify` gates every candidate and promotes the winners itself when `verify.promotion` is
+"auto" (with "manual" they wait for a person: CLI, dashboard or the `promote` flow);
+`finetune` trains an adapter on the clean successes so far and gates it the same way.
+One model endpoint serves every stage of every generation.
+
+Resume: every stage is idempotent (rollouts, diagnoses, candidates and adapter versions are
+keyed by content and found again), and the evolution's journal (`evolve_journal`, rewritten
+atomically after each stage) records which stages finished. Running the same evolution
+again skips those and reruns only the stage a kill interrupted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prefect import flow
+
+from flows.diagnose import diagnose_flow
+from flows.distill import distill_flow
+from flows.evaluate import evaluate
+from flows.explore import explore
+from flows.finetune import finetune_flow
+from flows.journal import Journal, stage_summary
+from flows.launch import task_runner
+from flows.runtime import model_endpoint, preflight
+from flows.verify import check_dev_size, verify_flow
+from ratchet import faults
+from ratchet.config import Settings
+
+STAGES: dict[str, Callable[..., Any]] = {
+    "explore": explore,
+    "diagnose": diagnose_flow,
+    "distill": distill_flow,
+    "verify": verify_flow,
+    "finetune": finetune_flow,
+    "evaluate": evaluate,
+}
+BASELINE_STAGES = ("evaluate",)
+
+
+def stages_of(generation: int) -> tuple[str, ...]:
+    return BASELINE_STAGES if generation == 0 else tuple(STAGES)
+
+
+def check_settings(settings: Settings) -> None:
+    """Everything bad input can break, before anything runs: suite, Java, endpoint, dev split."""
+    preflight(settings)
+    check_dev_size(settings, {"each family": settings.splits.dev})  # now, not at generation 1's verify
+
+
+@flow(name="evolve", validate_parameters=False)
+def evolve_flow(settings: Settings, generations: int | None = None, base_url: str | None = None) -> Journal:
+    """Generations 0..N of the evolution (N = `evolve.generations`); returns its journal."""
+    last = generations if generations is not None else settings.evolve.generations
+    check_settings(settings)
+    journal = Journal.load(settings)
+    runner = task_runner(settings)
+    with model_endpoint(settings, base_url) as url:
+        for generation in range(last + 1):
+            for name in stages_of(generation):
+                if journal.done(generation, name):
+                    continue
+                faults.point("stage.started")
+                started = time.perf_counter()
+                stage = STAGES[name].with_options(task_runner=runner)
+                out = stage(settings=settings, generation=generation, base_url=url)
+                faults.point("stage.finished")
+                journal.record(generation, name, stage_summary(out), time.perf_counter() - started)
+    return journal

@@ -1,0 +1,152 @@
+"""The evolution journal: which stages of which generation finished, and what each found.
+
+One JSON file per evolution (`Settings.evolve_journal`), rewritten atomically after every
+stage, so a kill leaves either the old journal or the new one, never half of one. `evolve`
+reads it to resume; the CLI table and the dashboard read it to show generations.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from flows.diagnose import DiagnoseResult
+from flows.distill import DistillResult
+from flows.finetune import FinetuneResult
+from flows.stages import StageResult
+from flows.verify import VerifyResult
+from ratchet.config import Settings
+from ratchet.errors import ConfigError
+from ratchet.files import write_text_atomic
+
+
+@dataclass
+class StageRecord:
+    generation: int
+    stage: str
+    summary: dict[str, Any]
+    wall_seconds: float
+    finished_at: str
+
+
+@dataclass
+class GenerationRow:
+    """One line of the evolution table: what a generation achieved and cost."""
+
+    generation: int
+    test_successes: int | None = None
+    test_n: int | None = None
+    test_ci95: tuple[float, float] | None = None
+    explore_success: float | None = None
+    candidates: int = 0  # gated by verify this generation
+    promoted: list[str] = field(default_factory=list)
+    rejected: int = 0
+    adapter: str = ""
+    tokens: int = 0
+    wall_seconds: float = 0.0
+    policy_version: str = ""
+    stages: list[str] = field(default_factory=list)
+
+    @property
+    def test_success(self) -> float | None:
+        return None if not self.test_n else (self.test_successes or 0) / self.test_n
+
+
+@dataclass
+class Journal:
+    path: Path
+    evolution: str
+    records: list[StageRecord] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, settings: Settings) -> Journal:
+        path = settings.evolve_journal
+        if not path.is_file():
+            return cls(path, settings.evolution)
+        try:
+            raw = json.loads(path.read_text())
+            records = [StageRecord(**r) for r in raw["stages"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"the evolution journal {path} is unreadable ({exc})",
+                "move it away to start the evolution's bookkeeping afresh (stages rerun from the stores)",
+            ) from None
+        return cls(path, settings.evolution, records)
+
+    def done(self, generation: int, stage: str) -> bool:
+        return any(r.generation == generation and r.stage == stage for r in self.records)
+
+    def record(self, generation: int, stage: str, summary: dict[str, Any], wall_seconds: float) -> None:
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        self.records.append(StageRecord(generation, stage, summary, round(wall_seconds, 1), stamp))
+        body = {"evolution": self.evolution, "stages": [asdict(r) for r in self.records]}
+        write_text_atomic(self.path, json.dumps(body, indent=2))
+
+    def rows(self) -> list[GenerationRow]:
+        rows: dict[int, GenerationRow] = {}
+        for r in self.records:
+            row = rows.setdefault(r.generation, GenerationRow(r.generation))
+            row.stages.append(r.stage)
+            row.wall_seconds += r.wall_seconds
+            row.tokens += r.summary.get("tokens", 0)
+            _fill(row, r.stage, r.summary)
+        return [rows[g] for g in sorted(rows)]
+
+
+def _fill(row: GenerationRow, stage: str, s: dict[str, Any]) -> None:
+    if stage == "evaluate":
+        row.test_successes, row.test_n = s["successes"], s["n"]
+        row.test_ci95 = tuple(s["ci95"])  # type: ignore[assignment]
+        row.policy_version = s["policy_version"]
+    elif stage == "explore":
+        row.explore_success = s["success_rate"]
+    elif stage == "verify":
+        row.candidates = s["verify_candidates"]
+        row.promoted += s["promoted"]
+        row.rejected += len(s["rejected"])
+    elif stage == "finetune":
+        row.adapter = s["action"] if s.get("version") is None else f"v{s['version']} {s['status']}"
+        if s.get("status") == "promoted":
+            row.promoted.append(f"adapter v{s['version']}")
+
+
+def stage_summary(out: Any) -> dict[str, Any]:
+    """A stage's result as plain JSON: what the table, the dashboard and a person need."""
+    if isinstance(out, StageResult):
+        r = out.report
+        return {
+            "n": r.n,
+            "successes": r.successes,
+            "success_rate": r.success_rate,
+            "ci95": list(r.ci95),
+            "errors": r.errors,
+            "tokens": r.prompt_tokens + r.completion_tokens,
+            "policy_version": out.policy_version,
+        }
+    if isinstance(out, DiagnoseResult):
+        return {
+            "failures": out.failures,
+            "diagnosed": out.diagnosed,
+            "by_mode": out.by_mode,
+            "clusters": len(out.clusters),
+        }
+    if isinstance(out, DistillResult):
+        added = [c.skill.name for c in out.candidates if c.result.action == "added"]
+        return {"added": len(added), "names": added, **out.counts()}
+    if isinstance(out, VerifyResult):
+        by: dict[str, list[str]] = {"verified": [], "promoted": [], "rejected": []}
+        for v in out.verdicts:
+            by.setdefault(v.status, []).append(v.skill)
+        return {"champion": out.champion, **by, **out.counts()}
+    if isinstance(out, FinetuneResult):
+        return {
+            "action": out.action,
+            "reason": out.reason,
+            "version": out.version,
+            "status": out.status,
+            "dataset": out.dataset,
+        }
+    raise TypeError(f"no summary for {type(out).__name__}")

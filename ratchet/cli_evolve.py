@@ -1,0 +1,46 @@
+"""`ratchet evolve`'s output: one row per generation, then where to look."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from ratchet.cli_common import console
+from ratchet.config import Settings
+
+
+def print_evolution(settings: Settings, journal: Any) -> None:
+    """The journal's generations as a table: held-out success, what landed, what it cost."""
+    table = Table(
+        "gen",
+        "test [95% CI]",
+        "explore",
+        "gated",
+        "promoted",
+        "rejected",
+        "adapter",
+        "tokens",
+        "min",
+        title=f"evolution {settings.evolution} · {settings.suite}",
+    )
+    for row in journal.rows():
+        test = "—"
+        if row.test_n:
+            lo, hi = row.test_ci95
+            test = f"{row.test_successes}/{row.test_n} {row.test_success:.0%} [{lo:.0%}–{hi:.0%}]"
+        table.add_row(
+            str(row.generation),
+            test,
+            "—" if row.explore_success is None else f"{row.explore_success:.0%}",
+            str(row.candidates),
+            ", ".join(row.promoted) or "—",
+            str(row.rejected),
+            row.adapter or "—",
+            f"{row.tokens / 1000:.0f}k",
+            f"{row.wall_seconds / 60:.1f}",
+        )
+    console.print(table)
+    console.print(f"journal: {journal.path}", soft_wrap=True)
+    console.print(f"MLflow: mlflow ui --backend-store-uri {settings.mlflow_uri}", soft_wrap=True)
+    console.print("dashboard: ratchet dashboard", soft_wrap=True)

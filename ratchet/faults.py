@@ -1,0 +1,58 @@
+"""Named fault points: where a test may kill the process (SIGKILL) to prove a run resumes.
+
+Set `RATCHET_FAULT=<point>` (or `<point>:<n>`, the n-th time the point is reached, 1-based)
+and the process kills itself there, with no cleanup, exactly like the OOM killer or a
+power cut. Unset (the normal case) a fault point costs one dictionary lookup.
+
+Every point is listed in `POINTS` with what has happened when it fires; `point()` refuses
+a name that is not listed, so a renamed point cannot silently stop being tested.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+
+FAULT_ENV = "RATCHET_FAULT"
+
+POINTS: dict[str, str] = {
+    "stage.started": "an evolve stage is about to run (nothing of it done yet)",
+    "stage.finished": "an evolve stage finished, before the evolution journal records it",
+    "rollout.stored": "a rollout's trajectory was stored (others of the batch still in flight)",
+    "diagnosis.stored": "a failure's diagnosis was stored",
+    "skill.added": "a distilled candidate was written to the library",
+    "skill.transition": "a skill's status changed (e.g. verified, not yet promoted)",
+    "adapter.trained": "a LoRA adapter was written to disk, not yet registered",
+    "adapter.registered": "an adapter version was registered, not yet gated",
+    "adapter.decided": "an adapter version was verified or rejected, the alias not yet moved",
+}
+
+_lock = threading.Lock()
+_hits: Counter[str] = Counter()
+
+
+def armed() -> tuple[str, int] | None:
+    """The point (and hit number) this process should die at, from the environment."""
+    spec = os.environ.get(FAULT_ENV, "").strip()
+    if not spec:
+        return None
+    name, _, nth = spec.partition(":")
+    if name not in POINTS:
+        raise ValueError(f"{FAULT_ENV}={spec!r}: unknown fault point; known: {', '.join(POINTS)}")
+    return name, int(nth or 1)
+
+
+def point(name: str) -> None:
+    """Die here (SIGKILL) if `RATCHET_FAULT` names this point and this is its n-th hit."""
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r}: add it to ratchet.faults.POINTS")
+    target = armed()
+    if target is None or target[0] != name:
+        return
+    with _lock:
+        _hits[name] += 1
+        hit = _hits[name]
+    if hit == target[1]:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,226 @@
+"""`evolve`: the loop end to end on the real server, and resuming after a SIGKILL at each fault point.
+
+Every run here shares the session's embedded server (`model.endpoint`), plays reasoning-gym
+chain_sum (fast) and fine-tunes on the suite's expert answers (the 135M model solves none
+of these itself), so each generation goes through all six stages in a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from flows.evolve import evolve_flow, stages_of
+from flows.journal import Journal
+from memory.trajectory_store import open_store
+from ratchet import faults
+from ratchet.config import load_settings
+from ratchet.errors import ConfigError
+from skills.library import SkillLibrary
+from training.registry import AdapterRegistry
+
+ROOT = Path(__file__).resolve().parents[1]
+RATCHET = Path(sys.executable).parent / "ratchet"
+
+CONFIG = """
+suite = "reasoning-gym:chain_sum"
+concurrency = 4
+max_steps = 3
+[splits]
+train = 3
+dev = 5
+test = 3
+[explore]
+rollouts_per_task = 2
+[finetune]
+mode = "lora"
+experts = true
+min_new_successes = 1
+[finetune.lora]
+epochs = 1
+max_tokens = 512
+"""
+
+
+@pytest.fixture
+def data(tmp_path: Path, embedded_server: str, base_model_dir: Path) -> Any:
+    """A data dir whose settings point at the shared server; unloads adapters the runs loaded."""
+    (tmp_path / "ratchet.toml").write_text(CONFIG + f'[model]\nendpoint = "{embedded_server}"\n')
+    (tmp_path / "models").symlink_to(base_model_dir.parent)  # the converted base model, shared
+    before = {m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]}
+    yield tmp_path
+    for m in httpx.get(f"{embedded_server}/models").json()["data"]:
+        if m["id"] not in before:
+            httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": m["id"]})
+
+
+def _settings(data: Path) -> Any:
+    return load_settings({"data_dir": data}, config_file=data / "ratchet.toml")
+
+
+def _evolve(data: Path, fault: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`ratchet evolve -n 1` in a fresh process, as a person or a schedule runs it."""
+    env = {k: v for k, v in os.environ.items() if k != faults.FAULT_ENV}
+    if fault:
+        env[faults.FAULT_ENV] = fault
+    cmd = [str(RATCHET), "--config", str(data / "ratchet.toml"), "--data-dir", str(data), "evolve", "-n", "1"]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=data,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, errs = proc.communicate(timeout=1800)
+    finally:  # a SIGKILL leaves children (Prefect's ephemeral API server) behind: reap the group
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, errs)
+
+
+def _state(data: Path) -> dict[str, Any]:
+    """Everything a resumed run must not lose or duplicate."""
+    s = _settings(data)
+    store = open_store(s.trajectories_db)
+    try:
+        trajs = store.summaries()
+    finally:
+        store.close()
+    library = SkillLibrary(s.skills_dir, s.index_dir)
+    registry = AdapterRegistry(s)
+    versions = registry.list()
+    return {
+        "trajectories": Counter((t.generation, t.split, t.status) for t in trajs),
+        "journal": [(r.generation, r.stage) for r in Journal.load(s).records],
+        "skills": sorted((k.content_hash, k.status) for k in library.list()),
+        "audit": Counter((r.skill, r.to_status) for r in library.history()),
+        "adapters": sorted((v.dataset, v.config) for v in versions),
+        "champion": registry.champion(),
+        "registry": registry,
+    }
+
+
+def _check_consistent(state: dict[str, Any]) -> None:
+    assert all(status == "finished" for (_, _, status) in state["trajectories"])
+    assert state["journal"] == [(g, st) for g in (0, 1) for st in stages_of(g)]  # each stage once, in order
+    assert all(n == 1 for n in state["audit"].values()), state["audit"]  # no status change recorded twice
+    assert len(state["skills"]) == len({h for h, _ in state["skills"]})  # no candidate filed twice
+    assert len(state["adapters"]) == len(set(state["adapters"]))  # no adapter registered twice
+    if state["champion"] is not None:  # the alias points at a complete, hash-checked version
+        state["registry"].checked_path(state["champion"])
+
+
+@pytest.mark.integration
+def test_evolve_runs_every_stage_and_a_rerun_changes_nothing(data: Path, embedded_server: str) -> None:
+    settings = _settings(data)
+    journal = evolve_flow(settings=settings, generations=1, base_url=embedded_server)
+    rows = journal.rows()
+    assert [r.generation for r in rows] == [0, 1]
+    assert rows[0].stages == ["evaluate"] and rows[1].stages == list(stages_of(1))
+    assert rows[0].test_n == rows[1].test_n == 3 and rows[1].explore_success is not None
+    assert rows[1].adapter  # the finetune stage trained (or skipped) and said so
+    first = _state(data)
+    _check_consistent(first)
+    again = evolve_flow(settings=settings, generations=1, base_url=embedded_server)
+    assert [(r.generation, r.stage) for r in again.records] == first["journal"]
+    second = _state(data)
+    for key in ("trajectories", "journal", "skills", "audit", "adapters"):
+        assert second[key] == first[key], key
+    # MLflow: one run per generation under the evolution's parent run
+    import mlflow
+
+    mlflow.set_tracking_uri(settings.mlflow_uri)
+    runs = mlflow.search_runs(experiment_names=[f"ratchet-{settings.evolution}"], output_format="list")
+    gens = sorted(
+        r.data.tags.get("ratchet.generation") for r in runs if r.data.tags.get("ratchet.generation")
+    )
+    assert gens == ["0", "1"]
+
+
+def test_a_bad_setting_fails_before_anything_is_written(tmp_path: Path) -> None:
+    from flows.evolve import check_settings
+
+    settings = load_settings({"data_dir": tmp_path, "suite": "reasoning-gym:chain_sum", "splits.dev": 3})
+    with pytest.raises(ConfigError, match="set splits.dev to at least 5"):
+        check_settings(settings)
+    assert not settings.evolve_journal.exists()
+
+
+def test_an_unreadable_journal_is_one_clear_error(tmp_path: Path) -> None:
+    settings = load_settings({"data_dir": tmp_path})
+    settings.evolve_journal.parent.mkdir(parents=True)
+    settings.evolve_journal.write_text('{"stages": [{"generation": 0}]}')
+    with pytest.raises(ConfigError, match="unreadable"):
+        Journal.load(settings)
+
+
+def test_an_unknown_fault_point_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(faults.FAULT_ENV, "nowhere")
+    with pytest.raises(ValueError, match="unknown fault point"):
+        faults.armed()
+    with pytest.raises(ValueError, match="add it to ratchet.faults.POINTS"):
+        faults.point("not-a-point")
+
+
+def _kill_and_resume(data: Path, fault: str) -> None:
+    killed = _evolve(data, fault)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    resumed = _evolve(data)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "gen" in resumed.stdout and "journal:" in resumed.stdout
+    _check_consistent(_state(data))
+
+
+@pytest.mark.integration
+def test_a_kill_mid_explore_resumes_without_losing_or_repeating_rollouts(data: Path) -> None:
+    _kill_and_resume(data, "rollout.stored:8")  # generation 0's 3 test rollouts, then 5 of explore's 6
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "stage.started:2",  # generation 1's explore, nothing done yet
+        "stage.finished:1",  # generation 0's evaluate done, not in the journal
+        "diagnosis.stored:2",
+        "skill.added:1",
+        "skill.transition:1",  # a candidate just verified or rejected
+        "adapter.trained:1",
+        "adapter.registered:1",
+        "adapter.decided:1",
+        "stage.finished:7",  # generation 1's evaluate done, not in the journal
+    ],
+)
+def test_a_kill_at_any_fault_point_resumes_cleanly(data: Path, fault: str) -> None:
+    _kill_and_resume(data, fault)
+
+
+def test_fault_points_are_all_exercised_by_the_slow_test() -> None:
+    """A new fault point must get a kill test too."""
+    src = Path(__file__).read_text()
+    assert all(f'"{name}:' in src for name in faults.POINTS)
+
+
+def test_journal_file_is_never_torn(tmp_path: Path) -> None:
+    settings = load_settings({"data_dir": tmp_path})
+    journal = Journal.load(settings)
+    journal.record(0, "evaluate", {"n": 1, "successes": 1, "ci95": [0.2, 1.0], "policy_version": "p"}, 1.0)
+    raw = json.loads(settings.evolve_journal.read_text())
+    assert raw["stages"][0]["stage"] == "evaluate"
+    assert not list(settings.evolve_journal.parent.glob(".*.tmp"))
+    assert Journal.load(settings).rows()[0].test_success == 1.0
