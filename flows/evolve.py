@@ -32,7 +32,7 @@ from flows.launch import task_runner
 from flows.runtime import model_endpoint, preflight
 from flows.verify import check_dev_size, verify_flow
 from ratchet import faults
-from ratchet.config import Settings
+from ratchet.config import Settings, settings_from
 
 STAGES: dict[str, Callable[..., Any]] = {
     "explore": explore,
@@ -56,8 +56,18 @@ def check_settings(settings: Settings) -> None:
 
 
 @flow(name="evolve", validate_parameters=False)
-def evolve_flow(settings: Settings, generations: int | None = None, base_url: str | None = None) -> Journal:
-    """Generations 0..N of the evolution (N = `evolve.generations`); returns its journal."""
+def evolve_flow(
+    settings: Settings | None = None,
+    generations: int | None = None,
+    base_url: str | None = None,
+    config: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Journal:
+    """Generations 0..N of the evolution (N = `evolve.generations`; 0 = the baseline alone).
+
+    A deployment passes `config` (a ratchet.toml path) and `overrides` (dotted keys, no
+    secrets) instead of `settings`: the Prefect server stores parameters as JSON."""
+    settings = settings or settings_from(config, overrides)
     last = generations if generations is not None else settings.evolve.generations
     check_settings(settings)
     journal = Journal.load(settings)

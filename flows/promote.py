@@ -12,13 +12,14 @@ within `timeout_s`, the flow ends and nothing changes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
 from flows.runtime import open_library
-from ratchet.config import Settings
+from ratchet.config import Settings, settings_from
 from ratchet.errors import SkillStateError
 from ratchet.runtime_env import prepare_environment
 from skills.library import SkillLibrary
@@ -71,7 +72,14 @@ def describe(library: SkillLibrary) -> str:
 
 
 @flow(name="promote", validate_parameters=False)
-def promote_flow(settings: Settings, timeout_s: int = 24 * 3600) -> PromotionResult:
+def promote_flow(
+    settings: Settings | None = None,
+    timeout_s: int = 24 * 3600,
+    config: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> PromotionResult:
+    """Wait for a person's decision on the verified candidates (`config`: see `evolve_flow`)."""
+    settings = settings or settings_from(config, overrides)
     prepare_environment(settings)
     library = open_library(settings)
     verified = [s.name for s in library.list(status="verified")]

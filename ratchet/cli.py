@@ -31,7 +31,7 @@ from ratchet.cli_common import (
 )
 from ratchet.cli_library import failures, skills_app, tools_app
 from ratchet.config import Settings
-from ratchet.errors import RatchetError
+from ratchet.errors import ConfigError, RatchetError
 
 app = typer.Typer(
     help="Make LLM agents improve themselves from their own trajectories.",
@@ -232,6 +232,39 @@ def evolve(
         with _progress():
             journal = evolve_flow(settings=settings)
         print_evolution(settings, journal)
+
+
+@app.command()
+def deploy(
+    cron: Annotated[str, typer.Option(help="evolve's schedule (cron, UTC)")] = "0 2 * * *",
+    timezone: Annotated[str, typer.Option(help="the schedule's time zone")] = "UTC",
+) -> None:
+    """Register the `evolve` (nightly) and `promote` deployments with a Prefect server and serve them."""
+    import os
+
+    with guard():
+        settings = load()
+        url = os.environ.get("PREFECT_API_URL", "")
+        if not url:
+            raise ConfigError(
+                "PREFECT_API_URL is not set: deployments live on a Prefect server",
+                "start one (prefect server start --host 127.0.0.1) and export "
+                "PREFECT_API_URL=http://127.0.0.1:4200/api",
+            )
+        from flows.runtime import preflight
+        from flows.schedule import serve_deployments
+
+        preflight(settings)
+        config = GLOBAL.get("config") or (Path("ratchet.toml") if Path("ratchet.toml").is_file() else None)
+        console.print(
+            f"serving deployments evolve/nightly ({cron} {timezone}) and promote/promote on {url}; "
+            "Ctrl-C stops serving (the schedule stays on the server)",
+            soft_wrap=True,
+        )
+        overrides = {k: str(v) for k, v in GLOBAL.items() if k != "config" and v is not None}
+        if "data_dir" in overrides:  # runs may start elsewhere: pin the data dir
+            overrides["data_dir"] = str(settings.data_dir.resolve())
+        serve_deployments(config, overrides, cron, timezone)
 
 
 @app.command()

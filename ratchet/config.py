@@ -278,6 +278,11 @@ class Settings(BaseSettings):
         return (self.data_dir / "logs").resolve()
 
 
+def settings_from(config: str | None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Settings for a flow a deployment started: TOML file (or ./ratchet.toml) < RATCHET_* env < overrides."""
+    return load_settings(overrides, config_file=Path(config) if config else None)
+
+
 def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
     """Build settings, turning any validation problem into one readable ConfigError line."""
     if config_file is not None:

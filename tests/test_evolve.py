@@ -41,6 +41,7 @@ dev = 5
 test = 3
 [explore]
 rollouts_per_task = 2
+experts = true
 [finetune]
 mode = "lora"
 experts = true
@@ -73,23 +74,19 @@ def _evolve(data: Path, fault: str | None = None) -> subprocess.CompletedProcess
     if fault:
         env[faults.FAULT_ENV] = fault
     cmd = [str(RATCHET), "--config", str(data / "ratchet.toml"), "--data-dir", str(data), "evolve", "-n", "1"]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        cwd=data,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, errs = proc.communicate(timeout=1800)
-    finally:  # a SIGKILL leaves children (Prefect's ephemeral API server) behind: reap the group
+    # files, not pipes: a killed run's orphans (Prefect's ephemeral API server) would hold a pipe open
+    with open(data / "out.txt", "w+") as out, open(data / "err.txt", "w+") as errs:
+        proc = subprocess.Popen(cmd, env=env, cwd=data, stdout=out, stderr=errs, start_new_session=True)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, errs)
+            proc.wait(timeout=1800)
+        finally:  # a SIGKILL leaves the process group's children behind: reap them
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out.seek(0)
+        errs.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), errs.read())
 
 
 def _state(data: Path) -> dict[str, Any]:
@@ -105,6 +102,7 @@ def _state(data: Path) -> dict[str, Any]:
     versions = registry.list()
     return {
         "trajectories": Counter((t.generation, t.split, t.status) for t in trajs),
+        "per_split": Counter((t.generation, t.split, t.kind) for t in trajs),
         "journal": [(r.generation, r.stage) for r in Journal.load(s).records],
         "skills": sorted((k.content_hash, k.status) for k in library.list()),
         "audit": Counter((r.skill, r.to_status) for r in library.history()),
@@ -116,6 +114,9 @@ def _state(data: Path) -> dict[str, Any]:
 
 def _check_consistent(state: dict[str, Any]) -> None:
     assert all(status == "finished" for (_, _, status) in state["trajectories"])
+    split = state["per_split"]  # every slot played exactly once (ids are slots: a repeat would overwrite)
+    assert (split[0, "test", "agent"], split[1, "test", "agent"]) == (3, 3)
+    assert (split[1, "train", "agent"], split[1, "train", "expert"]) == (6, 3)
     assert state["journal"] == [(g, st) for g in (0, 1) for st in stages_of(g)]  # each stage once, in order
     assert all(n == 1 for n in state["audit"].values()), state["audit"]  # no status change recorded twice
     assert len(state["skills"]) == len({h for h, _ in state["skills"]})  # no candidate filed twice

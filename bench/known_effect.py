@@ -1,0 +1,95 @@
+"""Known effects on the real engine: the verify gate admits what helps and refuses what hurts.
+
+The intervention with a large, known effect is a LoRA adapter that taught the shipped
+SmolLM2-135M to play TextWorldExpress coin (`bench/rft_gain.py` trains it: 0/30 → 14/30 on
+the test split). On the dev split, with the same seeds in both arms:
+
+* helps: champion = base model, candidate = base model + adapter  → must be admitted;
+* hurts: champion = base model + adapter, candidate = base model  → must be refused.
+
+Both go through `flows.verify.run_gates`, the group-sequential McNemar gate every skill,
+tool and adapter passes through, against the embedded server.
+
+    .venv/bin/python bench/known_effect.py --adapter DIR [--dev 16] [--max-steps 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def run_known_effects(
+    adapter: Path,
+    dev: int = 16,
+    max_steps: int = 15,
+    data_dir: Path | None = None,
+    base_url: str | None = None,
+) -> dict[str, Any]:
+    from prefect import flow
+
+    from bench.aa_gate import install_champion
+    from flows.launch import run_flow
+    from flows.runtime import model_policy, open_runtime
+    from flows.verify import gate_evidence, run_gates
+    from ratchet.config import Settings, load_settings
+
+    data = data_dir or Path(tempfile.mkdtemp(prefix="ratchet-known-"))
+    settings = load_settings(
+        {
+            "data_dir": data,
+            "evolution": "known-effect",
+            "suite": "textworld-express:coin",
+            "splits.dev": dev,
+            "max_steps": max_steps,
+        }
+    )
+    install_champion(settings, adapter)
+
+    @flow(name="known-effect", validate_parameters=False)
+    def gates(settings: Settings, base_url: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with open_runtime(settings, base_url) as rt:
+            tasks = rt.suite.tasks("dev", dev)
+            with_adapter, without = rt.base_policy(), model_policy(settings, None)
+            cases = {"helps": (without, with_adapter), "hurts": (with_adapter, without)}
+            for generation, (name, (champion, candidate)) in enumerate(cases.items()):
+                started = time.perf_counter()  # one generation per case: their baseline arms differ
+                g = run_gates(rt, generation, champion, {name: (candidate, tasks)}, {name: name})
+                ev = gate_evidence(g.decisions[name], champion, candidate, g.outcomes[name])
+                out[name] = ev | {"wall_seconds": round(time.perf_counter() - started, 1)}
+        return out
+
+    return run_flow(gates, settings, base_url=base_url) | {"data_dir": str(data)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--adapter", type=Path, required=True, help="a coin LoRA adapter (bench/rft_gain.py)")
+    p.add_argument("--dev", type=int, default=16)
+    p.add_argument("--max-steps", type=int, default=15)
+    p.add_argument("--data-dir", type=Path, default=None, help="reuse (resume) a previous run's state")
+    args = p.parse_args()
+    result = run_known_effects(args.adapter, args.dev, args.max_steps, args.data_dir)
+    for name in ("helps", "hurts"):
+        ev = result[name]
+        print(
+            f"{name}: {ev['decision']} ({ev['reason']}); repairs {ev['repairs']}, regressions "
+            f"{ev['regressions']}, p={ev['p_value']:.4f}, {ev['tasks']} tasks, {ev['rollouts']} rollouts, "
+            f"{ev['wall_seconds']:.0f} s"
+        )
+    out = ROOT / "bench" / "results" / "known_effect.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""`ratchet deploy` against a real local Prefect server: the schedule is registered, a run executes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RATCHET = Path(sys.executable).parent / "ratchet"
+PREFECT = Path(sys.executable).parent / "prefect"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def prefect_server(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A real `prefect server start` on a free port with its own database; yields the env to use it."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-server"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+    }
+    proc = subprocess.Popen(
+        [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, "prefect server exited"
+            time.sleep(1)
+        else:
+            pytest.fail("prefect server did not answer /api/health within 120 s")
+        yield env
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.integration
+def test_deploy_registers_the_nightly_schedule_and_a_run_executes(
+    prefect_server: dict[str, str], embedded_server: str, base_model_dir: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "models").symlink_to(base_model_dir.parent)
+    config = tmp_path / "ratchet.toml"
+    config.write_text(
+        'suite = "reasoning-gym:chain_sum"\nmax_steps = 2\n[splits]\ntest = 2\ndev = 5\n'
+        f'[model]\nendpoint = "{embedded_server}"\n'
+    )
+    env = {**prefect_server, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    serving = subprocess.Popen(
+        [str(RATCHET), "--config", str(config), "--data-dir", str(data), "deploy"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    api = prefect_server["PREFECT_API_URL"]
+    try:
+        deployment = None
+        deadline = time.monotonic() + 120
+        while deployment is None and time.monotonic() < deadline:
+            assert serving.poll() is None, serving.stdout.read() if serving.stdout else ""
+            r = httpx.get(f"{api}/deployments/name/evolve/nightly", timeout=5)
+            deployment = r.json() if r.status_code == 200 else None
+            time.sleep(1)
+        assert deployment is not None, "evolve/nightly was never registered"
+        (schedule,) = deployment["schedules"]
+        assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["active"]
+        assert deployment["parameters"]["overrides"]["data_dir"] == str(data.resolve())
+        promote = httpx.get(f"{api}/deployments/name/promote/promote", timeout=5)
+        assert promote.status_code == 200
+
+        # run it once now (generation 0 only: the baseline evaluation), as the schedule would
+        created = httpx.post(
+            f"{api}/deployments/{deployment['id']}/create_flow_run",
+            json={"parameters": {"generations": 0}},
+            timeout=10,
+        ).json()
+        state = None
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            state = httpx.get(f"{api}/flow_runs/{created['id']}", timeout=5).json()["state"]["type"]
+            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            time.sleep(2)
+        assert state == "COMPLETED", state
+        journal = json.loads((data / "evolutions" / "default.json").read_text())
+        assert [(s["generation"], s["stage"]) for s in journal["stages"]] == [(0, "evaluate")]
+        assert journal["stages"][0]["summary"]["n"] == 2
+    finally:
+        _stop(serving)
+
+
+def test_deploy_without_a_prefect_server_is_one_clear_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    out = subprocess.run(
+        [str(RATCHET), "--data-dir", str(tmp_path), "deploy"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "PREFECT_API_URL is not set" in out.stderr and "prefect server start" in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 2
