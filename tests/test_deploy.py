@@ -89,3 +89,26 @@ def test_deploy_without_a_prefect_server_is_one_clear_line(tmp_path: Path) -> No
     assert out.returncode == 2
     assert "PREFECT_API_URL is not set" in out.stderr and "prefect server start" in out.stderr
     assert len(out.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.integration
+def test_prefect_yaml_deploys_to_a_work_pool(prefect_server: dict[str, str], tmp_path: Path) -> None:
+    """The work-pool path: `prefect deploy` of deployments/prefect.yaml registers both, with the cron."""
+    env = {**prefect_server, "RATCHET_HOME": str(ROOT), "RATCHET_CONFIG": str(tmp_path / "ratchet.toml")}
+    prefect = str(Path(sys.executable).parent / "prefect")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [prefect, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+
+    assert run("work-pool", "create", "ratchet", "--type", "process").returncode == 0
+    out = run("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    api = prefect_server["PREFECT_API_URL"]
+    nightly = httpx.get(f"{api}/deployments/name/evolve/nightly", timeout=5).json()
+    assert nightly["work_pool_name"] == "ratchet" and nightly["entrypoint"] == "flows/evolve.py:evolve_flow"
+    assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+    assert nightly["parameters"] == {"config": str(tmp_path / "ratchet.toml")}
+    promote = httpx.get(f"{api}/deployments/name/promote/promote", timeout=5).json()
+    assert promote["entrypoint"] == "flows/promote.py:promote_flow" and not promote["schedules"]
