@@ -22,6 +22,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows import tracking
 from flows.diagnose import diagnose_flow
 from flows.distill import distill_flow
 from flows.evaluate import evaluate
@@ -83,4 +84,9 @@ def evolve_flow(
                 out = stage(settings=settings, generation=generation, base_url=url)
                 faults.point("stage.finished")
                 journal.record(generation, name, stage_summary(out), time.perf_counter() - started)
+                if name == "evaluate":
+                    points = [
+                        (r.generation, r.test_success, *r.test_ci95) for r in journal.rows() if r.test_n
+                    ]
+                    tracking.log_success_curve(settings, points)
     return journal

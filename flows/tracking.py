@@ -116,11 +116,7 @@ def log_bar_plot(
     values: dict[str, float], artifact: str, title: str, ylabel: str, ylim: float | None = None
 ) -> None:
     """A labelled bar chart as an MLflow figure artifact."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     labels = list(values)
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(labels) + 2), 4))
     ax.bar(range(len(labels)), list(values.values()), color="#3b7dd8")
@@ -132,6 +128,60 @@ def log_bar_plot(
     fig.tight_layout()
     mlflow.log_figure(fig, artifact)
     plt.close(fig)
+
+
+def log_gate_plot(outcomes: dict[str, tuple[int, int, str]]) -> None:
+    """Repairs and regressions of each gated candidate, labelled with where it ended."""
+    plt = _pyplot()
+    names = list(outcomes)
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(names) + 2), 4))
+    x = range(len(names))
+    ax.bar([i - 0.2 for i in x], [outcomes[n][0] for n in names], 0.4, label="repairs", color="#2e9e5b")
+    ax.bar([i + 0.2 for i in x], [outcomes[n][1] for n in names], 0.4, label="regressions", color="#d8453b")
+    ax.set_xticks(list(x), [f"{n}\n({outcomes[n][2]})" for n in names], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("dev tasks")
+    ax.set_title("verify: gate outcomes per candidate")
+    ax.legend()
+    fig.tight_layout()
+    mlflow.log_figure(fig, "plots/verify_gate_outcomes.png")
+    plt.close(fig)
+
+
+def log_success_curve(settings: Settings, points: list[tuple[int, float, float, float]]) -> None:
+    """Held-out success per generation (with 95% intervals) so far, to every generation's
+    run it covers and to the evolution's parent run, outside any active run."""
+    plt = _pyplot()
+    gens = [p[0] for p in points]
+    rate = [p[1] for p in points]
+    err = [
+        [r - p[2] for r, p in zip(rate, points, strict=True)],
+        [p[3] - r for r, p in zip(rate, points, strict=True)],
+    ]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.errorbar(gens, rate, yerr=err, marker="o", capsize=4, color="#3b7dd8")
+    ax.set_xticks(gens)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("generation")
+    ax.set_ylabel("test success (95% CI)")
+    ax.set_title(f"evolution {settings.evolution}: held-out success")
+    fig.tight_layout()
+    client = MlflowClient(settings.mlflow_uri)
+    exp_id = setup_experiment(settings)
+    targets = [_find_run(client, exp_id, {KIND: "evolution", EVOLUTION: settings.evolution})]
+    gen_tags = {KIND: "generation", EVOLUTION: settings.evolution, GENERATION: str(gens[-1])}
+    targets.append(_find_run(client, exp_id, gen_tags))
+    for run_id in filter(None, targets):
+        client.log_figure(run_id, fig, "plots/success_curve.png")
+    plt.close(fig)
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def log_summary(summary: dict[str, Any], stage: str) -> None:

@@ -281,6 +281,10 @@ def _log(result: VerifyResult) -> None:
     together = asdict(result.interaction) if result.interaction else None
     doc = {"champion": result.champion, "verdicts": rows, "interaction": together, "skipped": result.skipped}
     mlflow.log_text(json.dumps(doc, indent=2), "verify/evidence.json")
+    if result.verdicts:
+        tracking.log_gate_plot(
+            {v.skill: (v.decision.repairs, v.decision.regressions, v.status) for v in result.verdicts}
+        )
 
 
 @flow(name="verify", validate_parameters=False)

@@ -146,10 +146,15 @@ def test_evolve_runs_every_stage_and_a_rerun_changes_nothing(data: Path, embedde
 
     mlflow.set_tracking_uri(settings.mlflow_uri)
     runs = mlflow.search_runs(experiment_names=[f"ratchet-{settings.evolution}"], output_format="list")
-    gens = sorted(
-        r.data.tags.get("ratchet.generation") for r in runs if r.data.tags.get("ratchet.generation")
-    )
-    assert gens == ["0", "1"]
+    by_gen = {r.data.tags["ratchet.generation"]: r for r in runs if r.data.tags.get("ratchet.generation")}
+    assert sorted(by_gen) == ["0", "1"]
+    client = mlflow.MlflowClient()
+    plots = {a.path for a in client.list_artifacts(by_gen["1"].info.run_id, "plots")}
+    assert {"plots/success_curve.png", "plots/evaluate_success_by_task.png"} <= plots
+    if rows[1].candidates:
+        assert "plots/verify_gate_outcomes.png" in plots
+    parent = next(r for r in runs if r.data.tags.get("ratchet.kind") == "evolution")
+    assert "plots/success_curve.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
 
 
 def test_a_bad_setting_fails_before_anything_is_written(tmp_path: Path) -> None:
