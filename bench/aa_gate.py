@@ -153,28 +153,49 @@ def run_aa(
     started = time.perf_counter()
     result = run_flow(verify_flow, settings, generation=0, base_url=base_url)
     wall = time.perf_counter() - started
-    verdicts = [v for v in result.verdicts if v.skill.startswith("aa-")]
-    accepted = [v for v in verdicts if v.decision.decision == "accept"]
-    discordant = [v.decision.repairs + v.decision.regressions for v in verdicts]
-    lo, hi = clopper_pearson(len(accepted), len(verdicts))
+    # every gate of this data dir, also those decided by an earlier (resumed) run
+    gates_ = [
+        r.evidence
+        for name in sorted(library.names())
+        if name.startswith("aa-")
+        for r in library.history(name)[-1:]
+        if r.who == "verify" and r.to_status in ("verified", "rejected")
+    ]
+    accepted = [e for e in gates_ if e["decision"] == "accept"]
+    discordant = [e["repairs"] + e["regressions"] for e in gates_]
+    lo, hi = clopper_pearson(len(accepted), len(gates_))
     return {
         "suite": suite,
         "temperature": temperature,
         "adapter": str(adapter) if adapter else None,
-        "gates": len(verdicts),
+        "gates": len(gates_),
         "accepted": len(accepted),
-        "false_promotion_rate": len(accepted) / max(1, len(verdicts)),
+        "false_promotion_rate": len(accepted) / max(1, len(gates_)),
         "ci95": [lo, hi],
         "alpha": settings.verify.alpha,
         "gates_with_discordant_pairs": sum(d > 0 for d in discordant),
         "mean_discordant": sum(discordant) / max(1, len(discordant)),
-        "repairs": sum(v.decision.repairs for v in verdicts),
-        "regressions": sum(v.decision.regressions for v in verdicts),
-        "candidate_rollouts": sum(v.rollouts for v in verdicts),
-        "baseline_rollouts": result.baseline_rollouts,
+        "repairs": sum(e["repairs"] for e in gates_),
+        "regressions": sum(e["regressions"] for e in gates_),
+        "candidate_rollouts": sum(e["rollouts"] // 2 for e in gates_),
+        "baseline_rollouts_this_run": result.baseline_rollouts,
+        "baseline_successes": _baseline_successes(settings),
         "wall_seconds": round(wall, 1),
         "data_dir": str(data),
     }
+
+
+def _baseline_successes(settings: Any) -> list[int]:
+    """[successes, tasks] of the champion's shared baseline arm on the dev split."""
+    from flows.verify import BASELINE
+    from memory.trajectory_store import open_store
+
+    store = open_store(settings.trajectories_db)
+    try:
+        base = [t for t in store.query(split="dev") if t.arm == BASELINE]
+    finally:
+        store.close()
+    return [sum(t.success for t in base), len(base)]
 
 
 def main() -> None:
@@ -206,7 +227,8 @@ def main() -> None:
         f"(rate {summary['false_promotion_rate']:.1%}, 95% CI {lo:.1%}-{hi:.1%}; alpha {summary['alpha']}); "
         f"{summary['gates_with_discordant_pairs']} gates saw discordant pairs "
         f"({summary['repairs']} repairs, {summary['regressions']} regressions in all); "
-        f"{summary['candidate_rollouts']} candidate + {summary['baseline_rollouts']} baseline rollouts, "
+        "baseline arm {}/{} dev tasks solved; ".format(*summary["baseline_successes"])
+        f"{summary['candidate_rollouts']} candidate rollouts, "
         f"{summary['wall_seconds']:.0f} s"
     )
     out = ROOT / "bench" / "results" / "aa_gate.json"
