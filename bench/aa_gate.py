@@ -222,12 +222,13 @@ def main() -> None:
         adapter=args.adapter,
     )
     lo, hi = summary["ci95"]
+    solved, dev_tasks = summary["baseline_successes"]
     print(
         f"A/A on {args.suite}: {summary['accepted']}/{summary['gates']} irrelevant candidates admitted "
         f"(rate {summary['false_promotion_rate']:.1%}, 95% CI {lo:.1%}-{hi:.1%}; alpha {summary['alpha']}); "
         f"{summary['gates_with_discordant_pairs']} gates saw discordant pairs "
         f"({summary['repairs']} repairs, {summary['regressions']} regressions in all); "
-        "baseline arm {}/{} dev tasks solved; ".format(*summary["baseline_successes"])
+        f"baseline arm {solved}/{dev_tasks} dev tasks solved; "
         f"{summary['candidate_rollouts']} candidate rollouts, "
         f"{summary['wall_seconds']:.0f} s"
     )
