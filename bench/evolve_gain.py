@@ -1,0 +1,126 @@
+"""The headline: held-out success per generation of `ratchet evolve` on the embedded default.
+
+Three generations (after the generation-0 baseline) for one TextWorldExpress game and one
+reasoning-gym dataset, each its own evolution and data dir, one embedded server. For every
+generation: test success with a 95% Wilson interval, and what was promoted (skills, tools,
+the adapter). Goal: generation 3 ≥ 2× generation 0 and ≥ +20 points on TextWorldExpress.
+
+    .venv/bin/python bench/evolve_gain.py [--generations 3] [--train 40] [-k 4] [--test 30]
+        [--dev 16] [--targets textworld-express:coin reasoning-gym:basic_arithmetic] [--data DIR]
+
+`--data DIR` resumes a killed run (the evolve journal skips finished stages). Writes
+bench/results/evolve_gain.json and evolve_gain.png (the plot for the README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: str) -> list[dict[str, Any]]:
+    from flows.evolve import check_settings, evolve_flow
+    from ratchet.config import load_settings
+
+    settings = load_settings(
+        {
+            "data_dir": data / target.replace(":", "-"),
+            "evolution": "headline",
+            "suite": target,
+            "splits.train": args.train,
+            "splits.dev": args.dev,
+            "splits.test": args.test,
+            "explore.rollouts_per_task": args.k,
+            "concurrency": args.concurrency,
+            "evolve.generations": args.generations,
+        }
+    )
+    check_settings(settings)
+    journal = evolve_flow(settings=settings, base_url=base_url)
+    return [
+        {
+            "generation": r.generation,
+            "successes": r.test_successes,
+            "n": r.test_n,
+            "success": r.test_success,
+            "ci95": r.test_ci95,
+            "promoted": r.promoted,
+            "adapter": r.adapter,
+            "minutes": round(r.wall_seconds / 60, 1),
+        }
+        for r in journal.rows()
+    ]
+
+
+def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for target, rows in results.items():
+        gens = [r["generation"] for r in rows]
+        rate = [r["success"] for r in rows]
+        err = [[p - r["ci95"][0] for p, r in zip(rate, rows)], [r["ci95"][1] - p for p, r in zip(rate, rows)]]
+        ax.errorbar(gens, rate, yerr=err, marker="o", capsize=4, label=target)
+    ax.set_xlabel("generation")
+    ax.set_ylabel("held-out test success (95% CI)")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument(
+        "--targets", nargs="+", default=["textworld-express:coin", "reasoning-gym:basic_arithmetic"]
+    )
+    p.add_argument("--generations", type=int, default=3)
+    p.add_argument("--train", type=int, default=40, help="train tasks per target")
+    p.add_argument("-k", type=int, default=4, help="explore rollouts per train task")
+    p.add_argument("--dev", type=int, default=16)
+    p.add_argument("--test", type=int, default=30)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--data", type=Path, default=None, help="resume a previous run's data")
+    args = p.parse_args()
+
+    from server.launcher import EmbeddedServer
+
+    data = args.data or Path(tempfile.mkdtemp(prefix="ratchet-evolve-gain-"))
+    print(f"data: {data}", flush=True)
+    results: dict[str, list[dict[str, Any]]] = {}
+    started = time.perf_counter()
+    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
+        for target in args.targets:
+            results[target] = evolve_target(target, data, args, url)
+    print("\n| target | gen | test success | 95% CI | promoted | adapter |\n|---|---|---|---|---|---|")
+    for target, rows in results.items():
+        for r in rows:
+            lo, hi = r["ci95"]
+            print(
+                f"| {target} | {r['generation']} | {r['successes']}/{r['n']} = {r['success']:.0%} "
+                f"| {lo:.0%}–{hi:.0%} | {', '.join(r['promoted']) or '—'} | {r['adapter'] or '—'} |"
+            )
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    doc = {
+        "args": vars(args) | {"data": str(data)},
+        "results": results,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    (out / "evolve_gain.json").write_text(json.dumps(doc, indent=2, default=str))
+    plot(results, out / "evolve_gain.png")
+
+
+if __name__ == "__main__":
+    main()
