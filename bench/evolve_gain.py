@@ -61,23 +61,10 @@ def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: s
 
 
 def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
-    import matplotlib
+    from flows.tracking import success_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for target, rows in results.items():
-        gens = [r["generation"] for r in rows]
-        rate = [r["success"] for r in rows]
-        err = [[p - r["ci95"][0] for p, r in zip(rate, rows)], [r["ci95"][1] - p for p, r in zip(rate, rows)]]
-        ax.errorbar(gens, rate, yerr=err, marker="o", capsize=4, label=target)
-    ax.set_xlabel("generation")
-    ax.set_ylabel("held-out test success (95% CI)")
-    ax.set_ylim(0, 1.05)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    series = {t: [(r["generation"], r["success"], *r["ci95"]) for r in rows] for t, rows in results.items()}
+    success_figure(series, "ratchet evolve: held-out success per generation").savefig(path, dpi=120)
 
 
 def main() -> None:

@@ -150,21 +150,8 @@ def log_gate_plot(outcomes: dict[str, tuple[int, int, str]]) -> None:
 def log_success_curve(settings: Settings, points: list[tuple[int, float, float, float]]) -> None:
     """Held-out success per generation (with 95% intervals) so far, to every generation's
     run it covers and to the evolution's parent run, outside any active run."""
-    plt = _pyplot()
+    fig = success_figure({settings.evolution: points}, f"evolution {settings.evolution}: held-out success")
     gens = [p[0] for p in points]
-    rate = [p[1] for p in points]
-    err = [
-        [r - p[2] for r, p in zip(rate, points, strict=True)],
-        [p[3] - r for r, p in zip(rate, points, strict=True)],
-    ]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.errorbar(gens, rate, yerr=err, marker="o", capsize=4, color="#3b7dd8")
-    ax.set_xticks(gens)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("generation")
-    ax.set_ylabel("test success (95% CI)")
-    ax.set_title(f"evolution {settings.evolution}: held-out success")
-    fig.tight_layout()
     client = MlflowClient(settings.mlflow_uri)
     exp_id = setup_experiment(settings)
     targets = [_find_run(client, exp_id, {KIND: "evolution", EVOLUTION: settings.evolution})]
@@ -172,7 +159,26 @@ def log_success_curve(settings: Settings, points: list[tuple[int, float, float, 
     targets.append(_find_run(client, exp_id, gen_tags))
     for run_id in filter(None, targets):
         client.log_figure(run_id, fig, "plots/success_curve.png")
-    plt.close(fig)
+    _pyplot().close(fig)
+
+
+def success_figure(series: dict[str, list[tuple[int, float, float, float]]], title: str) -> Any:
+    """Success per generation with 95% intervals, one line per series of (gen, rate, lo, hi)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, points in series.items():
+        gens, rate = [p[0] for p in points], [p[1] for p in points]
+        err = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
+        ax.errorbar(gens, rate, yerr=err, marker="o", capsize=4, label=label)
+        ax.set_xticks(gens)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("generation")
+    ax.set_ylabel("held-out test success (95% CI)")
+    ax.set_title(title)
+    if len(series) > 1:
+        ax.legend()
+    fig.tight_layout()
+    return fig
 
 
 def _pyplot() -> Any:
