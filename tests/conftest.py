@@ -29,6 +29,15 @@ Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture(autouse=True)
+def _config_file_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`load_settings(config_file=...)` points the process at that file (an env var): undo it
+    after each test, or later tests would read another test's ratchet.toml."""
+    from ratchet.config import CONFIG_ENV
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _no_real_model_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("integration"):
         return
