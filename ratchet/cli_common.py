@@ -36,7 +36,8 @@ def load(**overrides: Any) -> Settings:
     flat = {k: v for k, v in GLOBAL.items() if k != "config"} | overrides
     settings = load_settings(flat, config_file=GLOBAL.get("config"))
     prepare_environment(settings)
-    for noisy in ("mlflow", "alembic", "py4j", "httpx", "distributed"):  # their INFO lines drown the progress bars
+    # their INFO lines drown the progress bars
+    for noisy in ("mlflow", "alembic", "py4j", "httpx", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return settings
 

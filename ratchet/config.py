@@ -126,7 +126,7 @@ class EvolveSettings(BaseModel):
     workers: int | None = Field(
         default=None,
         ge=1,
-        description="dask/ray workers (default: one per CPU core); threads use concurrency",
+        description="dask/ray worker processes (default 2); the threads runner uses `concurrency`",
     )
 
 
