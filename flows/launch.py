@@ -33,18 +33,26 @@ def task_runner(settings: Settings, flow_name: str = "explore") -> Any:
             f"evolve.task_runner = {kind!r} needs the {kind} extra",
             f"install it: .venv/bin/pip install -e '.[{kind}]'",
         ) from None
-    if not os.environ.get("PREFECT_API_URL"):  # ephemeral mode's API lives in this process only
-        raise ConfigError(
-            f"evolve.task_runner = {kind!r} needs a Prefect server its worker processes can reach",
-            "start one (prefect server start --host 127.0.0.1) and export "
-            "PREFECT_API_URL=http://127.0.0.1:4200/api",
-        )
+    # ephemeral mode's API lives in this process only
+    prefect_server_url(f"evolve.task_runner = {kind!r} needs a Prefect server its worker processes can reach")
     workers = settings.evolve.workers
     if kind == "dask":
         return DaskTaskRunner(
             cluster_kwargs={"n_workers": workers or 2, "threads_per_worker": settings.concurrency}
         )
     return RayTaskRunner(init_kwargs={"num_cpus": workers or 2, "include_dashboard": False})
+
+
+def prefect_server_url(problem: str) -> str:
+    """PREFECT_API_URL, or one clear error saying `problem` and how to start a server."""
+    url = os.environ.get("PREFECT_API_URL", "")
+    if not url:
+        raise ConfigError(
+            problem,
+            "start one (prefect server start --host 127.0.0.1) and export "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api",
+        )
+    return url
 
 
 def run_flow(flow_obj: Any, settings: Settings, **kwargs: Any) -> Any:

@@ -107,15 +107,23 @@ def _worker_runtime(ref: RuntimeRef) -> LoopRuntime:
     s = ref.settings
     prepare_environment(s)
     suite = get_suite(s.suite)
-    llm = chat_model(
-        ref.base_url, s.model.name, s.model.api_key.get_secret_value(), s.model.timeout_s, s.model.max_tokens
-    )
-    rt = LoopRuntime(s, suite, open_store(s.trajectories_db), ref.base_url, build_actor(llm))
-    rt.retriever = SkillRetriever(VectorIndex(s.index_dir, "skills-live"))
+    rt = LoopRuntime(s, suite, open_store(s.trajectories_db), ref.base_url, policy_actor(s, ref.base_url))
+    rt.retriever = live_retriever(s)
     if ref.tools:
         library = SkillLibrary(s.skills_dir, s.index_dir)
         rt.use_tools([library.get(name) for name in ref.tools])
     return rt
+
+
+def policy_actor(settings: Settings, url: str) -> Any:
+    """The actor graph over the policy's chat model at `url`."""
+    m = settings.model
+    return build_actor(chat_model(url, m.name, m.api_key.get_secret_value(), m.timeout_s, m.max_tokens))
+
+
+def live_retriever(settings: Settings) -> SkillRetriever:
+    """Top-k retrieval of the live skills for a task (the index every rollout reads)."""
+    return SkillRetriever(VectorIndex(settings.index_dir, "skills-live"))
 
 
 def model_policy(settings: Settings, adapter: AdapterVersion | None) -> Policy:
@@ -196,17 +204,10 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
         with model_endpoint(settings, base_url) as url:
             store = open_store(settings.trajectories_db)
             try:
-                llm = chat_model(
-                    url,
-                    settings.model.name,
-                    settings.model.api_key.get_secret_value(),
-                    settings.model.timeout_s,
-                    settings.model.max_tokens,
-                )
-                rt = LoopRuntime(settings, suite, store, url, build_actor(llm))
+                rt = LoopRuntime(settings, suite, store, url, policy_actor(settings, url))
                 rt.teacher = teacher_model(settings, url)
                 rt.library = open_library(settings)
-                rt.retriever = SkillRetriever(VectorIndex(settings.index_dir, "skills-live"))
+                rt.retriever = live_retriever(settings)
                 rt.use_tools(rt.library.list(status="promoted", kind="tool"))
                 rt.adapter = load_champion_adapter(settings, url)
                 yield rt

@@ -4,7 +4,7 @@
 from this process (Prefect's `serve`: no work pool or worker needed); scheduled runs and
 runs started from the Prefect UI execute here. Flows get the settings file's path, not the
 settings: the server stores parameters as JSON, and API keys must stay in the environment.
-The work-pool alternative is `deployments/prefect.yaml` (see deployments/README.md).
+The work-pool alternative is `deployments/prefect.yaml` (its header has the commands).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from ratchet.cli_common import (
 )
 from ratchet.cli_library import failures, skills_app, tools_app
 from ratchet.config import Settings
-from ratchet.errors import ConfigError, RatchetError
+from ratchet.errors import RatchetError
 
 app = typer.Typer(
     help="Make LLM agents improve themselves from their own trajectories.",
@@ -240,18 +240,12 @@ def deploy(
     timezone: Annotated[str, typer.Option(help="the schedule's time zone")] = "UTC",
 ) -> None:
     """Register the `evolve` (nightly) and `promote` deployments with a Prefect server and serve them."""
-    import os
-
     with guard():
         settings = load()
-        url = os.environ.get("PREFECT_API_URL", "")
-        if not url:
-            raise ConfigError(
-                "PREFECT_API_URL is not set: deployments live on a Prefect server",
-                "start one (prefect server start --host 127.0.0.1) and export "
-                "PREFECT_API_URL=http://127.0.0.1:4200/api",
-            )
+        from flows.launch import prefect_server_url
         from flows.runtime import preflight
+
+        url = prefect_server_url("PREFECT_API_URL is not set: deployments live on a Prefect server")
         from flows.schedule import serve_deployments
 
         preflight(settings)
