@@ -81,9 +81,11 @@ def evolve_flow(
                 started = time.perf_counter()
                 flow_obj = STAGES[name]
                 stage = flow_obj.with_options(task_runner=task_runner(settings, flow_obj.name))
-                out = stage(settings=settings, generation=generation, base_url=url)
+                state = stage(settings=settings, generation=generation, base_url=url, return_state=True)
+                out = state.result()  # a failed stage raises here, as a plain call would
                 faults.point("stage.finished")
-                journal.record(generation, name, stage_summary(out), time.perf_counter() - started)
+                run_id = str(state.state_details.flow_run_id or "")
+                journal.record(generation, name, stage_summary(out), time.perf_counter() - started, run_id)
                 if name == "evaluate":
                     points = [
                         (r.generation, r.test_success, *r.test_ci95) for r in journal.rows() if r.test_n

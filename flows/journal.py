@@ -30,6 +30,7 @@ class StageRecord:
     summary: dict[str, Any]
     wall_seconds: float
     finished_at: str
+    flow_run_id: str = ""  # the stage's Prefect flow run ("" in journals written before it was kept)
 
 
 @dataclass
@@ -40,7 +41,8 @@ class GenerationRow:
     test_successes: int | None = None
     test_n: int | None = None
     test_ci95: tuple[float, float] | None = None
-    explore_success: float | None = None
+    explore_success: float | None = None  # train split, sampled (T = explore.temperature)
+    explore_ci95: tuple[float, float] | None = None
     candidates: int = 0  # gated by verify this generation
     promoted: list[str] = field(default_factory=list)
     rejected: int = 0
@@ -49,6 +51,7 @@ class GenerationRow:
     wall_seconds: float = 0.0
     policy_version: str = ""
     stages: list[str] = field(default_factory=list)
+    flow_runs: dict[str, str] = field(default_factory=dict)  # stage -> Prefect flow run id
 
     @property
     def test_success(self) -> float | None:
@@ -79,9 +82,17 @@ class Journal:
     def done(self, generation: int, stage: str) -> bool:
         return any(r.generation == generation and r.stage == stage for r in self.records)
 
-    def record(self, generation: int, stage: str, summary: dict[str, Any], wall_seconds: float) -> None:
+    def record(
+        self,
+        generation: int,
+        stage: str,
+        summary: dict[str, Any],
+        wall_seconds: float,
+        flow_run_id: str = "",
+    ) -> None:
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        self.records.append(StageRecord(generation, stage, summary, round(wall_seconds, 1), stamp))
+        record = StageRecord(generation, stage, summary, round(wall_seconds, 1), stamp, flow_run_id)
+        self.records.append(record)
         body = {"evolution": self.evolution, "stages": [asdict(r) for r in self.records]}
         write_text_atomic(self.path, json.dumps(body, indent=2))
 
@@ -92,6 +103,8 @@ class Journal:
             row.stages.append(r.stage)
             row.wall_seconds += r.wall_seconds
             row.tokens += r.summary.get("tokens", 0)
+            if r.flow_run_id:
+                row.flow_runs[r.stage] = r.flow_run_id
             _fill(row, r.stage, r.summary)
         return [rows[g] for g in sorted(rows)]
 
@@ -103,6 +116,7 @@ def _fill(row: GenerationRow, stage: str, s: dict[str, Any]) -> None:
         row.policy_version = s["policy_version"]
     elif stage == "explore":
         row.explore_success = s["success_rate"]
+        row.explore_ci95 = tuple(s["ci95"])  # type: ignore[assignment]
     elif stage == "verify":
         row.candidates = s["verify_candidates"]
         row.promoted += s["promoted"]

@@ -116,7 +116,7 @@ def log_bar_plot(
     values: dict[str, float], artifact: str, title: str, ylabel: str, ylim: float | None = None
 ) -> None:
     """A labelled bar chart as an MLflow figure artifact."""
-    plt = _pyplot()
+    plt = pyplot()
     labels = list(values)
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(labels) + 2), 4))
     ax.bar(range(len(labels)), list(values.values()), color="#3b7dd8")
@@ -132,7 +132,7 @@ def log_bar_plot(
 
 def log_gate_plot(outcomes: dict[str, tuple[int, int, str]]) -> None:
     """Repairs and regressions of each gated candidate, labelled with where it ended."""
-    plt = _pyplot()
+    plt = pyplot()
     names = list(outcomes)
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(names) + 2), 4))
     x = range(len(names))
@@ -159,12 +159,16 @@ def log_success_curve(settings: Settings, points: list[tuple[int, float, float, 
     targets.append(_find_run(client, exp_id, gen_tags))
     for run_id in filter(None, targets):
         client.log_figure(run_id, fig, "plots/success_curve.png")
-    _pyplot().close(fig)
+    pyplot().close(fig)
 
 
-def success_figure(series: dict[str, list[tuple[int, float, float, float]]], title: str) -> Any:
+def success_figure(
+    series: dict[str, list[tuple[int, float, float, float]]],
+    title: str,
+    ylabel: str = "held-out test success (95% CI)",
+) -> Any:
     """Success per generation with 95% intervals, one line per series of (gen, rate, lo, hi)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in series.items():
         gens, rate = [p[0] for p in points], [p[1] for p in points]
@@ -173,7 +177,7 @@ def success_figure(series: dict[str, list[tuple[int, float, float, float]]], tit
         ax.set_xticks(gens)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("generation")
-    ax.set_ylabel("held-out test success (95% CI)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     if len(series) > 1:
         ax.legend()
@@ -181,7 +185,7 @@ def success_figure(series: dict[str, list[tuple[int, float, float, float]]], tit
     return fig
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")

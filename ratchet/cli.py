@@ -295,6 +295,28 @@ def api(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8780) -> 
 
 
 @app.command()
+def dashboard(
+    port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: dashboard.port)")] = None,
+) -> None:
+    """Serve the dashboard: generations, champion history, skills with A/B evidence, decisions."""
+    with guard():
+        import uvicorn
+
+        from dashboard.app import create_dashboard
+        from server.launcher import check_port_free
+
+        settings = load()
+        port = port or settings.dashboard.port
+        check_port_free("127.0.0.1", port)
+        app_ = create_dashboard(settings)
+        from memory.vector_index import embed
+
+        embed(["warm up"])  # a decision re-indexes the skill: load the embedding model now, not on a click
+        console.print(f"dashboard on http://127.0.0.1:{port}/ (API: /api/docs; Ctrl-C to stop)")
+        uvicorn.run(app_, host="127.0.0.1", port=port, log_level="warning")
+
+
+@app.command()
 def doctor() -> None:
     """Check the installation: Java, the shipped model, the suites."""
     with guard():

@@ -130,6 +130,20 @@ class EvolveSettings(BaseModel):
     )
 
 
+class DashboardSettings(BaseModel):
+    """`ratchet dashboard`: its port, and where its links to MLflow and Prefect point."""
+
+    port: int = Field(default=8780, ge=1, le=65535, description="port on 127.0.0.1")
+    mlflow_url: str = Field(
+        default="http://127.0.0.1:5000",
+        description="MLflow UI the generation links open (`mlflow ui --backend-store-uri <mlflow_uri>`)",
+    )
+    prefect_url: str = Field(
+        default="",
+        description="Prefect UI the flow-run links open; empty = PREFECT_UI_URL, else http://127.0.0.1:4200",
+    )
+
+
 class LoraSettings(BaseModel):
     """LoRA hyperparameters (peft). Part of an adapter's identity: change one and it trains anew."""
 
@@ -219,6 +233,7 @@ class Settings(BaseSettings):
     verify: VerifySettings = Field(default_factory=VerifySettings)
     finetune: FinetuneSettings = Field(default_factory=FinetuneSettings)
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -20,6 +20,7 @@ def prepare_environment(settings: Settings) -> None:
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         "MLFLOW_TRACKING_URI": settings.mlflow_uri,
         "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",

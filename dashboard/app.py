@@ -1,0 +1,98 @@
+"""`ratchet dashboard`: the generations, the champion, the skill library and its decisions.
+
+Server-rendered pages (Jinja templates, matplotlib SVG plots, one small script) on top of
+the HTTP API in `dashboard.api`; the Promote / Reject / Retire buttons call that API, the
+same audited, race-safe path as `ratchet skills promote`. Every asset ships in this package:
+the page loads nothing from the network.
+
+    /                       generations (plots, table, MLflow and Prefect links), champion
+                            history, skill library with A/B evidence, failure clusters
+    /skills/NAME            a candidate: text, evidence pairs, provenance, audit history
+    /trajectories/ID        one trajectory, step by step
+"""
+
+from __future__ import annotations
+
+import getpass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from dashboard.api import create_app
+from dashboard.plots import cost_svg, success_svg
+from dashboard.views import ACTIONS, DashboardData, NotFound, prefect_ui
+from flows.runtime import champion_policy, open_library
+from memory.trajectory_store import open_store
+from ratchet.config import Settings
+from ratchet.errors import RatchetError, SkillStateError
+from skills.library import SkillLibrary
+
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=HERE / "templates")
+
+
+def create_dashboard(settings: Settings, library: SkillLibrary | None = None) -> FastAPI:
+    lib = library or open_library(settings)
+    data = DashboardData(settings, lib, open_store(settings.trajectories_db))
+    app = create_app(settings, lib)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    def page(request: Request, name: str, evolution: str | None = None, **context: Any) -> HTMLResponse:
+        common = {
+            "evolution": evolution or settings.evolution,
+            "evolutions": data.evolutions(),
+            "data_dir": settings.data_dir,
+            "who": getpass.getuser(),
+            "actions": ACTIONS,
+        }
+        return templates.TemplateResponse(request, name, common | context)
+
+    @app.exception_handler(RatchetError)
+    def ratchet_error(request: Request, exc: RatchetError) -> Response:
+        """Something the stores do not have (404) or refuse, e.g. a malformed skill file (422):
+        one line and the fix."""
+        code = 404 if isinstance(exc, NotFound | SkillStateError) else 422
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": str(exc)}, status_code=code)
+        response = page(request, "error.html", status_code=code, problem=exc.problem, fix=exc.fix)
+        response.status_code = code
+        return response
+
+    @app.get("/", response_class=HTMLResponse)
+    def overview(request: Request, evolution: str | None = None) -> HTMLResponse:
+        s = data.for_evolution(evolution)
+        generations = data.generations(s)
+        rows = [g.row for g in generations]
+        skills, skill_errors = data.skills()
+        return page(
+            request,
+            "overview.html",
+            s.evolution,
+            generations=generations,
+            success_svg=success_svg(rows),
+            cost_svg=cost_svg(rows),
+            policy=champion_policy(s, lib),
+            champion_history=data.champion_history(s),
+            skills=skills,
+            skill_errors=skill_errors,
+            clusters=data.clusters(s),
+            mlflow_url=settings.dashboard.mlflow_url,
+            mlflow_uri=settings.mlflow_uri,
+            prefect_url=prefect_ui(settings),
+            prefect_home=settings.prefect_home,
+        )
+
+    @app.get("/skills/{name}", response_class=HTMLResponse)
+    def skill_page(request: Request, name: str) -> HTMLResponse:
+        view, history, provenance = data.skill(name)
+        return page(request, "skill.html", view=view, history=history, provenance=provenance)
+
+    @app.get("/trajectories/{trajectory_id}", response_class=HTMLResponse)
+    def trajectory_page(request: Request, trajectory_id: str) -> HTMLResponse:
+        return page(request, "trajectory.html", t=data.trajectory(trajectory_id))
+
+    return app

@@ -1,0 +1,60 @@
+"""The dashboard's plots as inline SVG, drawn by matplotlib on the server: no script, no CDN."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from flows.journal import GenerationRow
+from flows.tracking import pyplot, success_figure
+
+
+def success_svg(rows: list[GenerationRow]) -> str:
+    """Success per generation per split: train (explore, sampled) and test (held-out, greedy)."""
+    series: dict[str, list[tuple[int, float, float, float]]] = {}
+    test = [(r.generation, r.test_success, *r.test_ci95) for r in rows if r.test_n and r.test_ci95]
+    train = [
+        (r.generation, r.explore_success, *r.explore_ci95)
+        for r in rows
+        if r.explore_success is not None and r.explore_ci95
+    ]
+    if test:
+        series["test (held-out, greedy)"] = test  # type: ignore[assignment]
+    if train:
+        series["train (explore, sampled)"] = train  # type: ignore[assignment]
+    if not series:
+        return ""
+    fig = success_figure(series, "success per generation", ylabel="success (95% CI)")
+    if len(series) == 1:
+        fig.axes[0].legend()
+    return _svg(fig)
+
+
+def cost_svg(rows: list[GenerationRow]) -> str:
+    """Tokens (bars) and wall minutes (line) per generation."""
+    if not rows:
+        return ""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    gens = [r.generation for r in rows]
+    ax.bar(gens, [r.tokens / 1000 for r in rows], color="#8fb3d9", label="tokens (k)")
+    ax.set_xticks(gens)
+    ax.set_xlabel("generation")
+    ax.set_ylabel("tokens (thousands)")
+    wall = ax.twinx()
+    wall.plot(gens, [r.wall_seconds / 60 for r in rows], color="#d8453b", marker="o", label="wall (min)")
+    wall.set_ylabel("wall time (minutes)")
+    wall.set_ylim(bottom=0)
+    ax.set_title("cost per generation")
+    handles = ax.get_legend_handles_labels()[0] + wall.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper left")
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg")
+    pyplot().close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # inline: drop the XML prolog and doctype

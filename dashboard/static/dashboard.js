@@ -1,0 +1,77 @@
+// Promote / Reject / Retire: each button posts to the same HTTP API the CLI's path uses
+// (`POST /api/skills/NAME/ACTION` → SkillLibrary.transition), with `expect` set to the status
+// this page shows, so a decision someone else made meanwhile comes back as 409, not a double change.
+"use strict";
+
+const ACTIONS = JSON.parse(document.getElementById("actions")?.textContent || "{}");
+const who = document.getElementById("who");
+const why = document.getElementById("why");
+const message = document.getElementById("decision-message");
+
+if (who && localStorage.getItem("ratchet.who")) who.value = localStorage.getItem("ratchet.who");
+
+function say(text, isError) {
+  message.textContent = text;
+  message.className = isError ? "error" : "ok";
+}
+
+function showStatus(row, status) {
+  row.dataset.status = status;
+  const cell = row.querySelector("td.status");
+  cell.textContent = status;
+  cell.className = `status status-${status}`;
+  const actions = row.querySelector("td.actions");
+  actions.replaceChildren(
+    ...(ACTIONS[status] || []).map((action) => {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.dataset.action = action;
+      b.textContent = action[0].toUpperCase() + action.slice(1);
+      return b;
+    }),
+  );
+}
+
+async function decide(row, action) {
+  const name = row.dataset.skill;
+  const seen = row.dataset.status;
+  if (!why.value.trim()) {
+    say("Say why first: the reason is kept in the audit log.", true);
+    why.focus();
+    return;
+  }
+  if (!who.value.trim()) {
+    say("Say who decides.", true);
+    who.focus();
+    return;
+  }
+  localStorage.setItem("ratchet.who", who.value.trim());
+  row.querySelectorAll("button").forEach((b) => (b.disabled = true));
+  try {
+    const response = await fetch(`/api/skills/${encodeURIComponent(name)}/${action}`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ reason: why.value.trim(), by: who.value.trim(), expect: seen }),
+    });
+    const body = await response.json();
+    if (response.ok) {
+      showStatus(row, body.status);
+      say(`${name}: ${seen} → ${body.status} (policy ${body.policy_before} → ${body.policy_after})`, false);
+      return;
+    }
+    const detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+    say(`${name}: ${detail}`, true);
+    const now = await fetch(`/api/skills/${encodeURIComponent(name)}`);
+    if (now.ok) showStatus(row, (await now.json()).status); // show what it is now
+  } catch (err) {
+    say(`${name}: no answer from the dashboard server (${err}); reload to see its status`, true);
+  } finally {
+    row.querySelectorAll("button").forEach((b) => (b.disabled = false));
+  }
+}
+
+document.addEventListener("click", (event) => {
+  const button = event.target.closest("button[data-action]");
+  const row = button?.closest("[data-skill]");
+  if (row) decide(row, button.dataset.action);
+});

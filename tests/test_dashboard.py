@@ -1,0 +1,109 @@
+"""The dashboard's pages, read from real stores (journal, MLflow, skill library, trajectories)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dashboard.app import create_dashboard
+from flows.runtime import open_library
+from tests.dashboard_data import Built, build
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return build(tmp_path_factory.mktemp("dashboard"))
+
+
+@pytest.fixture
+def client(built: Built) -> TestClient:
+    return TestClient(create_dashboard(built.settings))
+
+
+def rows_of(html: str, table_id: str) -> list[str]:
+    table = html.split(f'id="{table_id}"', 1)[1].split("</table>", 1)[0]
+    return re.findall(r"<tr[ >].*?</tr>", table, flags=re.S)[1:]  # without the header
+
+
+def test_overview_shows_generations_with_plots_and_links(client: TestClient, built: Built) -> None:
+    html = client.get("/").text
+    gens = rows_of(html, "generation-table")
+    assert len(gens) == 2
+    assert "1/10 = 10%" in gens[0] and "5/10 = 50%" in gens[1] and "30%" in gens[1]  # test; train
+    assert "<svg" in html.split('id="success-plot"')[1][:400]
+    assert "<svg" in html.split('id="cost-plot"')[1][:400]
+    # the generation's own MLflow run, at the configured UI
+    mlflow_links = re.findall(r'class="mlflow" href="([^"]+)"', html)
+    assert len(mlflow_links) == 2 and len(set(mlflow_links)) == 2
+    assert all(u.startswith("http://127.0.0.1:5000/#/experiments/") for u in mlflow_links)
+    assert 'href="http://127.0.0.1:4200/runs/flow-run/f-1-verify"' in gens[1]
+    (cluster,) = rows_of(html, "cluster-table")
+    assert "loop" in cluster and 'href="/trajectories/t1"' in cluster
+
+
+def test_skill_library_shows_evidence_and_the_buttons_its_status_allows(client: TestClient) -> None:
+    html = client.get("/").text
+    rows = {re.search(r'data-skill="([^"]+)"', r).group(1): r for r in rows_of(html, "skill-table")}  # type: ignore[union-attr]
+    verified, candidate = rows["take-coin-first"], rows["open-doors"]
+    assert 'data-status="verified"' in verified
+    assert ">5<" in verified and ">1<" in verified and "0.031" in verified and ">32<" in verified
+    assert re.findall(r'data-action="(\w+)"', verified) == ["promote", "reject"]
+    assert re.findall(r'data-action="(\w+)"', candidate) == ["reject"]
+
+
+def test_candidate_detail_has_pairs_provenance_and_history(client: TestClient) -> None:
+    html = client.get("/skills/take-coin-first").text
+    assert "repairs 5, regressions 1" in html and "p = 0.0312" in html
+    pairs = rows_of(html, "pairs")
+    assert 'class="repair"' in pairs[0] and 'class=""' in pairs[1]
+    assert 'href="/trajectories/t-win"' in html and 'href="/trajectories/t-lost"' in html
+    assert "t-gone" in html and "no longer in the trajectory store" in html
+    assert "candidate → verified" in html and "significant net gain" in html
+
+
+def test_trajectory_viewer_shows_each_step(client: TestClient) -> None:
+    html = client.get("/trajectories/t-win").text
+    assert "success · textworld-express:coin:train:1" in html
+    assert html.count('class="step source-model') == 2
+    assert 'act({"action": "take coin"})' in html
+
+
+def test_bad_addresses_get_one_line_and_the_fix(client: TestClient) -> None:
+    r = client.get("/?evolution=nope")
+    assert r.status_code == 404 and "no evolution &#39;nope&#39;" in r.text and "known: nightly" in r.text
+    assert client.get("/skills/nope").status_code == 404
+    assert client.get("/trajectories/nope").status_code == 404
+    assert client.get("/api/skills/nope").status_code == 404
+
+
+def test_every_asset_is_served_here(client: TestClient) -> None:
+    """Offline: scripts and styles come from this server, never a CDN."""
+    html = client.get("/").text
+    assets = re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', html)
+    assert assets and all(a.startswith("http://testserver/static/") for a in assets)
+    for a in assets:
+        assert client.get(a).status_code == 200
+
+
+def test_a_decision_shows_up_in_the_champion_history(tmp_path: Path) -> None:
+    settings = build(tmp_path).settings
+    client = TestClient(create_dashboard(settings))
+    decision = {"reason": "fixes coin", "by": "ann", "expect": "verified"}
+    ok = client.post("/api/skills/take-coin-first/promote", json=decision)
+    assert ok.status_code == 200
+    history = rows_of(client.get("/").text, "champion-history")
+    assert len(history) == 1 and "verified → promoted" in history[0] and "ann" in history[0]
+    row = next(r for r in rows_of(client.get("/").text, "skill-table") if "take-coin-first" in r)
+    assert re.findall(r'data-action="(\w+)"', row) == ["retire"]
+
+
+def test_a_malformed_skill_file_is_named_not_fatal(tmp_path: Path) -> None:
+    settings = build(tmp_path).settings
+    (settings.skills_dir / "open-doors" / "SKILL.md").write_text("---\nname: [broken\n---\n")
+    client = TestClient(create_dashboard(settings, open_library(settings)))
+    html = client.get("/").text
+    assert "refused skill file" in html and "take-coin-first" in html
+    assert client.get("/skills/open-doors").status_code == 422
