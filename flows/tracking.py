@@ -174,7 +174,7 @@ def success_figure(
         gens, rate = [p[0] for p in points], [p[1] for p in points]
         err = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
         ax.errorbar(gens, rate, yerr=err, marker="o", capsize=4, label=label)
-        ax.set_xticks(gens)
+    ax.set_xticks(sorted({p[0] for points in series.values() for p in points}))
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("generation")
     ax.set_ylabel(ylabel)

@@ -18,7 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from dashboard.app import create_dashboard
 from flows.evolve import evolve_flow, stages_of
 from flows.journal import Journal
 from memory.trajectory_store import open_store
@@ -153,8 +155,16 @@ def test_evolve_runs_every_stage_and_a_rerun_changes_nothing(data: Path, embedde
     assert {"plots/success_curve.png", "plots/evaluate_success_by_task.png"} <= plots
     if rows[1].candidates:
         assert "plots/verify_gate_outcomes.png" in plots
+    assert "plots/diagnose_failure_modes.png" in plots  # the 135M model fails some chain_sum tasks
     parent = next(r for r in runs if r.data.tags.get("ratchet.kind") == "evolution")
     assert "plots/success_curve.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    # the dashboard shows this evolution: a row per generation, linked to its MLflow run and flow runs
+    flow_runs = [r.flow_run_id for r in journal.records]
+    assert all(flow_runs) and len(set(flow_runs)) == len(flow_runs)
+    html = TestClient(create_dashboard(settings)).get("/").text
+    for gen, run in by_gen.items():
+        assert f'<tr data-generation="{gen}">' in html and f"/runs/{run.info.run_id}" in html
+    assert all(f"/runs/flow-run/{f}" in html for f in flow_runs)
 
 
 def test_a_bad_setting_fails_before_anything_is_written(tmp_path: Path) -> None:
