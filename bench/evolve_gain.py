@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: str) -> list[dict[str, Any]]:
     from flows.evolve import check_settings, evolve_flow
     from ratchet.config import load_settings
+    from ratchet.runtime_env import prepare_environment
 
     settings = load_settings(
         {
@@ -43,6 +44,7 @@ def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: s
             "evolve.generations": args.generations,
         }
     )
+    prepare_environment(settings)  # offline Prefect (no telemetry), quiet MLflow, as the CLI runs it
     check_settings(settings)
     journal = evolve_flow(settings=settings, base_url=base_url)
     return [
