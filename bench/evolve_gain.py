@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,7 +30,6 @@ sys.path.insert(0, str(ROOT))
 def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: str) -> list[dict[str, Any]]:
     from flows.evolve import check_settings, evolve_flow
     from ratchet.config import load_settings
-    from ratchet.runtime_env import prepare_environment
 
     settings = load_settings(
         {
@@ -44,7 +44,6 @@ def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: s
             "evolve.generations": args.generations,
         }
     )
-    prepare_environment(settings)  # offline Prefect (no telemetry), quiet MLflow, as the CLI runs it
     check_settings(settings)
     journal = evolve_flow(settings=settings, base_url=base_url)
     return [
@@ -83,6 +82,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=None, help="resume a previous run's data")
     args = p.parse_args()
 
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry attempts
     from server.launcher import EmbeddedServer
 
     data = args.data or Path(tempfile.mkdtemp(prefix="ratchet-evolve-gain-"))
