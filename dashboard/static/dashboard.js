@@ -75,3 +75,13 @@ document.addEventListener("click", (event) => {
   const row = button?.closest("[data-skill]");
   if (row) decide(row, button.dataset.action);
 });
+
+// The overview follows a running evolution: reload every `data-refresh` seconds, unless a
+// person is writing a decision.
+const refresh = Number(document.body.dataset.refresh || 0);
+if (refresh > 0) {
+  setInterval(() => {
+    const typing = document.activeElement?.tagName === "INPUT" || (why && why.value.trim());
+    if (!typing && !document.hidden) location.reload();
+  }, refresh * 1000);
+}
