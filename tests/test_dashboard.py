@@ -107,3 +107,17 @@ def test_a_malformed_skill_file_is_named_not_fatal(tmp_path: Path) -> None:
     html = client.get("/").text
     assert "refused skill file" in html and "take-coin-first" in html
     assert client.get("/skills/open-doors").status_code == 422
+
+
+def test_prefect_links_follow_the_setting_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dashboard.views import prefect_ui
+    from ratchet.config import load_settings
+
+    for var in ("PREFECT_UI_URL", "PREFECT_API_URL"):
+        monkeypatch.delenv(var, raising=False)
+    assert prefect_ui(load_settings({})) == "http://127.0.0.1:4200"
+    monkeypatch.setenv("PREFECT_API_URL", "http://10.0.0.5:4300/api")
+    assert prefect_ui(load_settings({})) == "http://10.0.0.5:4300"
+    monkeypatch.setenv("PREFECT_UI_URL", "http://ui.local:4200/")
+    assert prefect_ui(load_settings({})) == "http://ui.local:4200"
+    assert prefect_ui(load_settings({"dashboard.prefect_url": "http://x:1"})) == "http://x:1"
