@@ -303,14 +303,13 @@ def dashboard(
         import uvicorn
 
         from dashboard.app import create_dashboard
+        from memory.vector_index import embed
         from server.launcher import check_port_free
 
         settings = load()
         port = port or settings.dashboard.port
         check_port_free("127.0.0.1", port)
         app_ = create_dashboard(settings)
-        from memory.vector_index import embed
-
         embed(["warm up"])  # a decision re-indexes the skill: load the embedding model now, not on a click
         console.print(f"dashboard on http://127.0.0.1:{port}/ (API: /api/docs; Ctrl-C to stop)")
         uvicorn.run(app_, host="127.0.0.1", port=port, log_level="warning")

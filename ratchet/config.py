@@ -140,7 +140,8 @@ class DashboardSettings(BaseModel):
     )
     prefect_url: str = Field(
         default="",
-        description="Prefect UI the flow-run links open; empty = PREFECT_UI_URL, else http://127.0.0.1:4200",
+        description="Prefect UI the flow-run links open; empty = PREFECT_UI_URL, else the host of "
+        "PREFECT_API_URL, else http://127.0.0.1:4200",
     )
 
 
