@@ -207,7 +207,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".ratchet"), description="all state lives here")
     evolution: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$", description="evolution name")
     suite: str = Field(
-        default="textworld-express",
+        # coin: the game the shipped 135M model can learn from its own successes (bench/rft_gain.py);
+        # mapreader and sorting cost 25-step rollouts it fails (all three: 'textworld-express')
+        default="textworld-express:coin",
         description="suite plug-in, optionally with subsets: 'reasoning-gym:chain_sum,countdown'",
     )
     seed: int = Field(default=0, description="base seed: task sampling and rollout seeds derive from it")

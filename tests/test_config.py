@@ -20,7 +20,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_defaults_use_the_embedded_server_and_keep_state_under_data_dir():
     s = load_settings()
-    assert s.model.endpoint == "" and s.suite == "textworld-express"
+    assert s.model.endpoint == "" and s.suite == "textworld-express:coin"
     assert s.explore.rollouts_per_task >= 2 and s.explore.temperature > 0
     assert s.evaluate.temperature == 0
     for path in (s.trajectories_db, s.models_dir, s.prefect_home, s.mlflow_artifacts):
