@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any
 
 from flows.journal import GenerationRow
 from flows.tracking import pyplot, success_figure
+
+# pyplot keeps global state and the server renders pages on a thread pool: one figure at a time.
+_PLOTTING = threading.Lock()
 
 
 def success_svg(rows: list[GenerationRow]) -> str:
@@ -24,16 +28,22 @@ def success_svg(rows: list[GenerationRow]) -> str:
         series["train (explore, sampled)"] = train  # type: ignore[assignment]
     if not series:
         return ""
-    fig = success_figure(series, "success per generation", ylabel="success (95% CI)")
-    if len(series) == 1:
-        fig.axes[0].legend()
-    return _svg(fig)
+    with _PLOTTING:
+        fig = success_figure(series, "success per generation", ylabel="success (95% CI)")
+        if len(series) == 1:
+            fig.axes[0].legend()
+        return _svg(fig)
 
 
 def cost_svg(rows: list[GenerationRow]) -> str:
     """Tokens (bars) and wall minutes (line) per generation."""
     if not rows:
         return ""
+    with _PLOTTING:
+        return _svg(_cost_figure(rows))
+
+
+def _cost_figure(rows: list[GenerationRow]) -> Any:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     gens = [r.generation for r in rows]
@@ -49,7 +59,7 @@ def cost_svg(rows: list[GenerationRow]) -> str:
     handles = ax.get_legend_handles_labels()[0] + wall.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], loc="upper left")
     fig.tight_layout()
-    return _svg(fig)
+    return fig
 
 
 def _svg(fig: Any) -> str:
