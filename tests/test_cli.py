@@ -84,12 +84,13 @@ def test_missing_java_is_reported_before_anything_runs(tmp_path):
     assert nothing_written(tmp_path / "data")
 
 
-def test_port_in_use(tmp_path):
+@pytest.mark.parametrize("command", ["serve", "dashboard"])
+def test_port_in_use(tmp_path, command):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc = ratchet("serve", "--port", str(port), cwd=tmp_path)
+        proc = ratchet(command, "--port", str(port), cwd=tmp_path)
     assert_one_line_error(proc, f"port {port}", "already in use")
 
 
@@ -277,12 +278,3 @@ def test_adapters_commands(tmp_path):
     back = ratchet("adapters", "rollback", "-r", "regressed", cwd=tmp_path)
     assert back.returncode == 0 and "the base model is live" in back.stdout
     assert_one_line_error(ratchet("adapters", "show", "9", cwd=tmp_path), "not in the registry")
-
-
-def test_dashboard_on_a_taken_port_is_one_line(tmp_path):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        proc = ratchet("dashboard", "--port", str(port), cwd=tmp_path)
-    assert_one_line_error(proc, str(port))
