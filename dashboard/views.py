@@ -107,8 +107,8 @@ class DashboardData:
             raise NotFound(f"no evolution {evolution!r} in {self.settings.data_dir}", f"known: {known}")
         return self.settings.model_copy(update={"evolution": evolution})
 
-    def generations(self, settings: Settings) -> list[GenerationView]:
-        runs = self._generation_runs(settings)
+    def generations(self, settings: Settings, runs: dict[int, tuple[str, str]]) -> list[GenerationView]:
+        """The journal's rows, each linked to its MLflow run (`runs`: from `generation_runs`)."""
         base = self.settings.dashboard.mlflow_url.rstrip("/")
         prefect = prefect_ui(self.settings)
         views = []
@@ -123,10 +123,10 @@ class DashboardData:
             )
         return views
 
-    def clusters(self, settings: Settings) -> list[ClusterView]:
-        """Failure clusters of every generation, newest generation first, biggest first."""
+    def clusters(self, runs: dict[int, tuple[str, str]]) -> list[ClusterView]:
+        """Failure clusters of every generation run, newest generation first, biggest first."""
         out: list[ClusterView] = []
-        for generation, (_, run_id) in sorted(self._generation_runs(settings).items(), reverse=True):
+        for generation, (_, run_id) in sorted(runs.items(), reverse=True):
             with tempfile.TemporaryDirectory() as tmp:
                 try:
                     path = self._mlflow.download_artifacts(run_id, "diagnose/clusters.json", tmp)
@@ -139,7 +139,7 @@ class DashboardData:
                 )
         return out
 
-    def _generation_runs(self, settings: Settings) -> dict[int, tuple[str, str]]:
+    def generation_runs(self, settings: Settings) -> dict[int, tuple[str, str]]:
         """generation -> (experiment id, MLflow run id) of the evolution's generation runs."""
         exp = self._mlflow.get_experiment_by_name(experiment_name(settings.evolution))
         if exp is None:
