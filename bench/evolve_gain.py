@@ -8,8 +8,9 @@ the adapter). Goal: generation 3 ≥ 2× generation 0 and ≥ +20 points on Text
     .venv/bin/python bench/evolve_gain.py [--generations 3] [--train 40] [-k 4] [--test 30]
         [--dev 16] [--targets textworld-express:coin reasoning-gym:basic_arithmetic] [--data DIR]
 
-`--data DIR` resumes a killed run (the evolve journal skips finished stages). Writes
-bench/results/evolve_gain.json and evolve_gain.png (the plot for the README).
+`--data DIR` resumes a killed run (the evolve journal skips finished stages); with `--report`
+it only prints the table so far from the journals. Writes bench/results/evolve_gain.json and
+evolve_gain.png (the plot for the README).
 """
 
 from __future__ import annotations
@@ -21,17 +22,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+if TYPE_CHECKING:
+    from flows.journal import Journal
+    from ratchet.config import Settings
 
-def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: str) -> list[dict[str, Any]]:
-    from flows.evolve import check_settings, evolve_flow
+
+def target_settings(target: str, data: Path, args: argparse.Namespace) -> Settings:
     from ratchet.config import load_settings
 
-    settings = load_settings(
+    return load_settings(
         {
             "data_dir": data / target.replace(":", "-"),
             "evolution": "headline",
@@ -44,8 +48,11 @@ def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: s
             "evolve.generations": args.generations,
         }
     )
-    check_settings(settings)
-    journal = evolve_flow(settings=settings, base_url=base_url)
+
+
+def report_rows(journal: Journal) -> list[dict[str, Any]]:
+    """One dict per generation from the evolve journal, the single source of every number here."""
+    gates = {r.generation: r.summary.get("reason", "") for r in journal.records if r.stage == "finetune"}
     return [
         {
             "generation": r.generation,
@@ -53,18 +60,46 @@ def evolve_target(target: str, data: Path, args: argparse.Namespace, base_url: s
             "n": r.test_n,
             "success": r.test_success,
             "ci95": r.test_ci95,
+            "explore_success": r.explore_success,
             "promoted": r.promoted,
+            "rejected": r.rejected,
             "adapter": r.adapter,
+            "adapter_gate": gates.get(r.generation, ""),
+            "stages": r.stages,
             "minutes": round(r.wall_seconds / 60, 1),
         }
         for r in journal.rows()
     ]
 
 
+def table(results: dict[str, list[dict[str, Any]]]) -> str:
+    """The README's markdown table: one line per target and generation."""
+    lines = [
+        "| target | gen | test success | 95% CI | explore (train) | promoted | candidates rejected "
+        "| adapter | minutes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for target, rows in results.items():
+        for r in rows:
+            test = "—" if r["n"] is None else f"{r['successes']}/{r['n']} = {r['success']:.0%}"
+            ci = "—" if r["ci95"] is None else f"{r['ci95'][0]:.0%}–{r['ci95'][1]:.0%}"
+            explore = "—" if r["explore_success"] is None else f"{r['explore_success']:.0%}"
+            adapter = r["adapter"] + (f" ({r['adapter_gate']})" if r["adapter_gate"] else "")
+            promoted = ", ".join(r["promoted"]) or "—"
+            lines.append(
+                f"| {target} | {r['generation']} | {test} | {ci} | {explore} | {promoted} | {r['rejected']} "
+                f"| {adapter or '—'} | {r['minutes']} |"
+            )
+    return "\n".join(lines)
+
+
 def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     from flows.tracking import success_figure
 
-    series = {t: [(r["generation"], r["success"], *r["ci95"]) for r in rows] for t, rows in results.items()}
+    series = {
+        t: [(r["generation"], r["success"], *r["ci95"]) for r in rows if r["n"]]
+        for t, rows in results.items()
+    }
     success_figure(series, "ratchet evolve: held-out success per generation").savefig(path, dpi=120)
 
 
@@ -80,7 +115,16 @@ def main() -> None:
     p.add_argument("--test", type=int, default=30)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--data", type=Path, default=None, help="resume a previous run's data")
+    p.add_argument("--report", action="store_true", help="only print the table from --data's journals")
     args = p.parse_args()
+    if args.report:
+        if args.data is None:
+            p.error("--report needs --data DIR")
+        from flows.journal import Journal
+
+        results = {t: report_rows(Journal.load(target_settings(t, args.data, args))) for t in args.targets}
+        print(table(results))
+        return
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry attempts
     from server.launcher import EmbeddedServer
@@ -90,16 +134,13 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.perf_counter()
     with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
+        from flows.evolve import check_settings, evolve_flow
+
         for target in args.targets:
-            results[target] = evolve_target(target, data, args, url)
-    print("\n| target | gen | test success | 95% CI | promoted | adapter |\n|---|---|---|---|---|---|")
-    for target, rows in results.items():
-        for r in rows:
-            lo, hi = r["ci95"]
-            print(
-                f"| {target} | {r['generation']} | {r['successes']}/{r['n']} = {r['success']:.0%} "
-                f"| {lo:.0%}–{hi:.0%} | {', '.join(r['promoted']) or '—'} | {r['adapter'] or '—'} |"
-            )
+            settings = target_settings(target, data, args)
+            check_settings(settings)
+            results[target] = report_rows(evolve_flow(settings=settings, base_url=url))
+    print(table(results))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     doc = {
