@@ -9,7 +9,7 @@ the adapter). Goal: generation 3 ≥ 2× generation 0 and ≥ +20 points on Text
         [--dev 32] [--targets textworld-express:coin reasoning-gym:propositional_logic] [--data DIR]
 
 `--data DIR` resumes a killed run (the evolve journal skips finished stages); with `--report`
-it only prints the table so far from the journals. Writes bench/results/evolve_gain.json and
+it runs nothing and reports the journals so far. Writes bench/results/evolve_gain.json and
 evolve_gain.png (the plot for the README).
 """
 
@@ -117,7 +117,7 @@ def main() -> None:
     p.add_argument("--test", type=int, default=30)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--data", type=Path, default=None, help="resume a previous run's data")
-    p.add_argument("--report", action="store_true", help="only print the table from --data's journals")
+    p.add_argument("--report", action="store_true", help="only report --data's journals so far (no runs)")
     args = p.parse_args()
     if args.report:
         if args.data is None:
@@ -125,7 +125,7 @@ def main() -> None:
         from flows.journal import Journal
 
         results = {t: report_rows(Journal.load(target_settings(t, args.data, args))) for t in args.targets}
-        print(table(results))
+        write_results(args, args.data, results, wall_seconds=None)
         return
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry attempts
@@ -142,16 +142,25 @@ def main() -> None:
             settings = target_settings(target, data, args)
             check_settings(settings)
             results[target] = report_rows(evolve_flow(settings=settings, base_url=url))
+    write_results(args, data, results, wall_seconds=time.perf_counter() - started)
+
+
+def write_results(
+    args: argparse.Namespace, data: Path, results: dict[str, list[dict[str, Any]]], wall_seconds: float | None
+) -> None:
+    """The table on stdout; the JSON and the plot under bench/results (also for a run still going)."""
     print(table(results))
+    evaluated = {t: [r["generation"] for r in rows if r["n"]] for t, rows in results.items()}
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     doc = {
         "args": vars(args) | {"data": str(data)},
+        "complete": all(args.generations in gens for gens in evaluated.values()),
         "results": results,
-        "wall_seconds": time.perf_counter() - started,
+        "wall_seconds": wall_seconds,
     }
     (out / "evolve_gain.json").write_text(json.dumps(doc, indent=2, default=str))
-    plot(results, out / "evolve_gain.png")
+    plot({t: rows for t, rows in results.items() if evaluated[t]}, out / "evolve_gain.png")
 
 
 if __name__ == "__main__":
