@@ -96,9 +96,11 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
 def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     from flows.tracking import success_figure
 
+    evaluated = {t: [r for r in rows if r["n"]] for t, rows in results.items()}
     series = {
-        t: [(r["generation"], r["success"], *r["ci95"]) for r in rows if r["n"]]
-        for t, rows in results.items()
+        t: [(r["generation"], r["success"], *r["ci95"]) for r in rows]
+        for t, rows in evaluated.items()
+        if rows
     }
     success_figure(series, "ratchet evolve: held-out success per generation").savefig(path, dpi=120)
 
@@ -150,17 +152,18 @@ def write_results(
 ) -> None:
     """The table on stdout; the JSON and the plot under bench/results (also for a run still going)."""
     print(table(results))
-    evaluated = {t: [r["generation"] for r in rows if r["n"]] for t, rows in results.items()}
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     doc = {
         "args": vars(args) | {"data": str(data)},
-        "complete": all(args.generations in gens for gens in evaluated.values()),
+        "complete": all(
+            any(r["generation"] == args.generations and r["n"] for r in rows) for rows in results.values()
+        ),
         "results": results,
         "wall_seconds": wall_seconds,
     }
     (out / "evolve_gain.json").write_text(json.dumps(doc, indent=2, default=str))
-    plot({t: rows for t, rows in results.items() if evaluated[t]}, out / "evolve_gain.png")
+    plot(results, out / "evolve_gain.png")
 
 
 if __name__ == "__main__":
