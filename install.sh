@@ -12,6 +12,7 @@ PY="${PYTHON:-python3}"
 APT=()
 java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])' || APT+=(openjdk-17-jre-headless)
 command -v chromium >/dev/null || APT+=(chromium)
+command -v bwrap >/dev/null || APT+=(bubblewrap)
 if [ ${#APT[@]} -gt 0 ]; then
   echo "install: installing ${APT[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

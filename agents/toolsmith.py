@@ -94,7 +94,10 @@ def build_toolsmith(teacher: BaseChatModel | None = None) -> Any:
         except RatchetError as exc:
             problems.append(str(exc))
         if not problems:
-            problems += _test(state["job"], tool)
+            try:
+                problems += _test(state["job"], tool)
+            except RatchetError as exc:  # e.g. no sandbox on this machine: refused, never run bare
+                problems.append(str(exc))
         return {"tool": None if problems else tool, "problems": problems}
 
     graph = StateGraph(ToolsmithState)

@@ -1,6 +1,7 @@
 """HTTP API for people deciding on skills: list, show, promote, reject, retire, rollback.
 
-The dashboard calls it; anything else may too (it binds to 127.0.0.1). Every change goes
+The dashboard calls it; anything else may too (it binds to 127.0.0.1, and `dashboard.hosts`
+refuses foreign Host names and cross-origin changes: DNS rebinding, CSRF). Every change goes
 through the skill library with `expect` set to the status the caller saw, so two people
 acting on the same skill at once get one success and one `409 Conflict`, never a double
 change. Errors are one line in `{"detail": ...}`.
@@ -13,6 +14,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
+from dashboard.hosts import LoopbackOnly
 from flows.runtime import champion_policy, open_library
 from ratchet.config import Settings
 from ratchet.errors import SkillFileError, SkillStateError
@@ -32,6 +34,7 @@ class Decision(BaseModel):
 def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastAPI:
     lib = library or open_library(settings)
     app = FastAPI(title="ratchet", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    app.add_middleware(LoopbackOnly)
 
     def live() -> str:
         return champion_policy(settings, lib).version

@@ -31,7 +31,7 @@ from flows.finetune import finetune_flow
 from flows.journal import Journal, stage_summary
 from flows.launch import task_runner
 from flows.runtime import model_endpoint, preflight
-from flows.verify import check_dev_size, verify_flow
+from flows.verify import verify_flow
 from ratchet import faults
 from ratchet.config import Settings, settings_from
 
@@ -52,8 +52,7 @@ def stages_of(generation: int) -> tuple[str, ...]:
 
 def check_settings(settings: Settings) -> None:
     """Everything bad input can break, before anything runs: suite, Java, endpoint, dev split."""
-    preflight(settings)
-    check_dev_size(settings, {"each family": settings.splits.dev})  # now, not at generation 1's verify
+    preflight(settings, gate=True)  # the dev split now, not at generation 1's verify
 
 
 @flow(name="evolve", validate_parameters=False)

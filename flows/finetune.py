@@ -30,8 +30,8 @@ import mlflow
 from prefect import flow
 
 from flows import progress, tracking
-from flows.runtime import LoopRuntime, open_runtime
-from flows.verify import check_dev_size, gate_evidence, run_gates
+from flows.runtime import LoopRuntime, check_dev_size, open_runtime
+from flows.verify import gate_evidence, run_gates
 from ratchet import faults
 from ratchet.config import Settings
 from ratchet.files import write_text_atomic

@@ -13,13 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows.diagnose import DiagnoseResult
-from flows.distill import DistillResult
-from flows.finetune import FinetuneResult
-from flows.stages import StageResult
-from flows.verify import VerifyResult
 from ratchet.config import Settings
-from ratchet.errors import ConfigError
+from ratchet.errors import StateFileError
 from ratchet.files import write_text_atomic
 
 
@@ -73,7 +68,7 @@ class Journal:
             raw = json.loads(path.read_text())
             records = [StageRecord(**r) for r in raw["stages"]]
         except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(
+            raise StateFileError(
                 f"the evolution journal {path} is unreadable ({exc})",
                 "move it away to start the evolution's bookkeeping afresh (stages rerun from the stores)",
             ) from None
@@ -129,6 +124,13 @@ def _fill(row: GenerationRow, stage: str, s: dict[str, Any]) -> None:
 
 def stage_summary(out: Any) -> dict[str, Any]:
     """A stage's result as plain JSON: what the table, the dashboard and a person need."""
+    # the stages' modules import Prefect: reading a journal (a preflight check) must not
+    from flows.diagnose import DiagnoseResult
+    from flows.distill import DistillResult
+    from flows.finetune import FinetuneResult
+    from flows.stages import StageResult
+    from flows.verify import VerifyResult
+
     if isinstance(out, StageResult):
         r = out.report
         return {

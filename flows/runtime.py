@@ -6,6 +6,7 @@ unreachable) or the embedded server, started here and stopped when the `with` en
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 import weakref
@@ -24,12 +25,13 @@ from memory.trajectory_store import TrajectoryStore, open_store
 from memory.vector_index import VectorIndex
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, EndpointError
+from ratchet.files import read_jsonl
 from ratchet.runtime_env import prepare_environment
 from ratchet.types import Policy
 from server.launcher import EmbeddedServer, check_endpoint, check_port_free, ensure_adapter
 from server.weights import BASE_MODEL_NAME, shipped_gguf
 from skills.format import Skill
-from skills.library import SkillLibrary
+from skills.library import AUDIT, AuditRecord, SkillLibrary
 from skills.toolbox import Toolbox
 from suites import Suite, get_suite
 from training.registry import AdapterRegistry, AdapterVersion
@@ -172,8 +174,15 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
         yield url
 
 
-def preflight(settings: Settings) -> None:
-    """Fail fast on bad input, before a flow run or any state exists: suite, Java, endpoint, port."""
+def preflight(settings: Settings, gate: bool = False) -> None:
+    """Fail fast on bad input, before a flow run, a model server or any new state exists.
+
+    Cheapest first: the state files already in the data dir (journal, trajectory DB, skill
+    audit log, the champion adapter's files), then the settings (`gate`: the dev split is
+    large enough for the A/B gate), the suite and Java, the endpoint or the port."""
+    check_state_files(settings)
+    if gate:
+        check_dev_size(settings, {"each family": settings.splits.dev})
     suite = get_suite(settings.suite)
     try:
         suite.check()
@@ -192,6 +201,37 @@ def preflight(settings: Settings) -> None:
         shipped_gguf()  # the model package is installed
         if settings.model.port:
             check_port_free("127.0.0.1", settings.model.port)
+
+
+def check_dev_size(s: Settings, dev: dict[str, int]) -> None:
+    """Refuse a dev split (tasks per family) on which the gate could never admit anything."""
+    need = math.ceil(math.log2(1 / s.verify.alpha))  # all-repairs on fewer tasks is never significant
+    small = sorted(f for f, n in dev.items() if n < need)
+    if small:
+        raise ConfigError(
+            f"the dev split has too few tasks for the gate ({small[0]}: {dev[small[0]]}); even "
+            f"{need - 1} repairs out of {need - 1} are not significant at alpha={s.verify.alpha}",
+            f"set splits.dev to at least {need} (16 or more gives the gate room to decide)",
+        )
+
+
+def check_state_files(settings: Settings) -> None:
+    """Read what earlier runs left (never creating anything): a damaged file is one line now."""
+    from flows.journal import Journal
+
+    Journal.load(settings)
+    if settings.trajectories_db.is_file():
+        store = open_store(settings.trajectories_db)
+        try:
+            store.check_integrity()
+        finally:
+            store.close()
+    read_jsonl(settings.skills_dir / AUDIT, AuditRecord, "the skill audit log")
+    if (settings.data_dir / "mlflow.db").is_file():  # else no adapter was ever registered
+        registry = AdapterRegistry(settings)
+        champion = registry.champion()
+        if champion is not None:
+            registry.checked_path(champion)
 
 
 @contextmanager

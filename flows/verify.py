@@ -20,7 +20,6 @@ reaches the same decisions.
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,10 +31,9 @@ from agents.actor import ActorSettings
 from agents.rollout import RolloutSlot
 from flows import tracking
 from flows.rollouts import play
-from flows.runtime import LoopRuntime, open_runtime, policy_with
+from flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
 from flows.stages import actor_settings, derive_seed
 from ratchet.config import Settings
-from ratchet.errors import ConfigError
 from ratchet.types import Policy, Task
 from skills.format import Skill
 from skills.intervention import GateConfig, GateDecision, PairedOutcome, sequential_gate
@@ -134,18 +132,6 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     if mlflow.active_run() is not None:
         _log(result)
     return result
-
-
-def check_dev_size(s: Settings, dev: dict[str, int]) -> None:
-    """Refuse a dev split (tasks per family) on which the gate could never admit anything."""
-    need = math.ceil(math.log2(1 / s.verify.alpha))  # all-repairs on fewer tasks is never significant
-    small = sorted(f for f, n in dev.items() if n < need)
-    if small:
-        raise ConfigError(
-            f"the dev split has too few tasks for the gate ({small[0]}: {dev[small[0]]}); even "
-            f"{need - 1} repairs out of {need - 1} are not significant at alpha={s.verify.alpha}",
-            f"set splits.dev to at least {need} (16 or more gives the gate room to decide)",
-        )
 
 
 @dataclass

@@ -11,6 +11,7 @@ task_id, rollout): rerunning a killed generation rewrites the same rows, and
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import tempfile
@@ -19,9 +20,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack, runtime_checkable
 
-from ratchet.errors import ConfigError
+from ratchet.errors import ConfigError, StateFileError
 from ratchet.types import Diagnosis, Split, Trajectory
 
 __all__ = [
@@ -119,6 +120,10 @@ class TrajectoryStore(Protocol):
         """Diagnoses of an evolution (optionally one generation or mode), by trajectory id."""
         ...
 
+    def check_integrity(self) -> None:
+        """Raise StateFileError if the store's files are damaged."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -194,6 +199,33 @@ def _where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
     return f"WHERE {clause}", [int(v) if isinstance(v, bool) else v for _, v in used]
 
 
+F = TypeVar("F", bound=Any)
+
+
+def damaged(path: Path, detail: str) -> StateFileError:
+    detail = " ".join(detail.replace("*** in database main ***", "").split())[:200]
+    return StateFileError(
+        f"the trajectory database {path} is damaged ({detail})",
+        f"recover what is readable: sqlite3 {path} .recover | sqlite3 {path}.recovered, then move "
+        f"{path}.recovered into its place (stored rollouts are kept; lost ones rerun)",
+    )
+
+
+def _intact(method: F) -> F:
+    """Turn SQLite's 'malformed'/'not a database' (a damaged file, not a busy one) into one line."""
+
+    @functools.wraps(method)
+    def wrapper(self: SQLiteTrajectoryStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:  # busy, locked, constraint: not damage
+                raise
+            raise damaged(self.path, str(exc)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 class SQLiteTrajectoryStore:
     """Trajectories in one SQLite file (WAL), one connection per thread."""
 
@@ -213,6 +245,8 @@ class SQLiteTrajectoryStore:
             self._create_schema()
         except sqlite3.DatabaseError as e:
             self.close()
+            if type(e) is sqlite3.DatabaseError and "not a database" not in str(e):
+                raise damaged(self.path, str(e)) from None
             raise ConfigError(
                 f"cannot open trajectory store {self.path}: {e}",
                 "point the store at a writable SQLite file or a new path",
@@ -269,6 +303,16 @@ class SQLiteTrajectoryStore:
                 conn.close()
             self._connections.clear()
 
+    def check_integrity(self) -> None:
+        """Read every page (`PRAGMA quick_check`, ~1 s per 100 MB): a damaged file is one
+        StateFileError now, before a model server starts, not a traceback mid-run."""
+        try:
+            problem = self._conn().execute("PRAGMA quick_check(1)").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            problem = str(exc)
+        if problem != "ok":
+            raise damaged(self.path, problem)
+
     def __enter__(self) -> SQLiteTrajectoryStore:
         return self
 
@@ -277,6 +321,7 @@ class SQLiteTrajectoryStore:
 
     # -- writes
 
+    @_intact
     def put(self, traj: Trajectory) -> None:
         values = [getattr(traj, c) for c in _COLUMNS]
         values[_COLUMNS.index("success")] = int(traj.success)
@@ -285,10 +330,12 @@ class SQLiteTrajectoryStore:
 
     # -- reads
 
+    @_intact
     def get(self, id: str) -> Trajectory | None:
         row = self._conn().execute("SELECT data FROM trajectories WHERE id = ?", (id,)).fetchone()
         return None if row is None else Trajectory.model_validate_json(row[0])
 
+    @_intact
     def finished_ids(self, ids: Iterable[str], policy_version: str | None = None) -> set[str]:
         wanted = list(dict.fromkeys(ids))
         found: set[str] = set()
@@ -316,11 +363,13 @@ class SQLiteTrajectoryStore:
         for (data,) in self._select("data", filters, limit, offset):
             yield Trajectory.model_validate_json(data)
 
+    @_intact
     def query(
         self, *, limit: int | None = None, offset: int = 0, **filters: Unpack[TrajectoryFilters]
     ) -> list[Trajectory]:
         return list(self._iter(dict(filters), limit, offset))
 
+    @_intact
     def summaries(
         self, *, limit: int | None = None, offset: int = 0, **filters: Unpack[TrajectoryFilters]
     ) -> list[TrajectorySummary]:
@@ -333,17 +382,20 @@ class SQLiteTrajectoryStore:
             out.append(TrajectorySummary(**values))
         return out
 
+    @_intact
     def count(self, **filters: Unpack[TrajectoryFilters]) -> int:
         where, params = _where(dict(filters))
         sql = f"SELECT COUNT(*) FROM trajectories {where}"
         return self._conn().execute(sql, params).fetchone()[0]
 
+    @_intact
     def export_jsonl(self, path: str | os.PathLike[str], **filters: Unpack[TrajectoryFilters]) -> int:
         rows = self._iter(dict(filters))  # validates every row before it is written
         return _write_jsonl_atomically(Path(path), (t.model_dump_json() for t in rows))
 
     # -- diagnoses
 
+    @_intact
     def put_diagnoses(self, diagnoses: Iterable[Diagnosis]) -> None:
         rows = [
             (d.trajectory_id, d.evolution, d.generation, d.task_id, d.mode, d.model_dump_json())
@@ -364,6 +416,7 @@ class SQLiteTrajectoryStore:
             conn.execute("ROLLBACK")
             raise
 
+    @_intact
     def diagnoses(
         self, evolution: str, generation: int | None = None, mode: str | None = None
     ) -> list[Diagnosis]:

@@ -94,12 +94,28 @@ def _progress() -> Iterator[None]:
             yield
 
 
-def _launch(flow_obj: Any, settings: Settings, generation: int) -> Any:
-    """Check the input (one clear line, nothing written), then run the flow with progress bars."""
-    from flows.launch import run_flow
+def _start_prefect() -> None:
+    """Prefect's API before the first flow (a new data dir migrates its database first)."""
+    from flows.prefect_api import start_prefect_api
+
+    with err.status("starting Prefect's API (the first run in a data dir prepares its database)"):
+        start_prefect_api()
+
+
+def _launch(target: str, settings: Settings, generation: int, gate: bool = False) -> Any:
+    """Check the input (one clear line, nothing written), then run the flow `module:name`
+    with progress bars. The flow module is imported only after the checks: importing
+    Prefect creates its home in the data dir."""
+    import importlib
+
     from flows.runtime import preflight
 
-    preflight(settings)
+    preflight(settings, gate=gate)
+    from flows.launch import run_flow
+
+    module, name = target.split(":")
+    flow_obj = getattr(importlib.import_module(module), name)
+    _start_prefect()
     with _progress():
         return run_flow(flow_obj, settings, generation=generation)
 
@@ -116,7 +132,7 @@ def serve(
         from server.__main__ import main as server_main
         from server.launcher import check_port_free
 
-        check_port_free("127.0.0.1", port)
+        check_port_free("127.0.0.1", port, "pass --port with another port")
         console.print(f"serving on http://127.0.0.1:{port}/v1 (Ctrl-C to stop)")
         raise typer.Exit(
             server_main(
@@ -134,9 +150,7 @@ def explore(
     """Explore: k rollouts per train task, stored as trajectories (rerun = resume)."""
     with guard():
         settings = load(**{"splits.train": train, "explore.rollouts_per_task": k})
-        from flows.explore import explore as explore_flow
-
-        result = _launch(explore_flow, settings, generation)
+        result = _launch("flows.explore:explore", settings, generation)
         _print_stages(settings, [result])
 
 
@@ -148,9 +162,7 @@ def evaluate(
     """Evaluate the policy on the held-out test split (fixed seeds)."""
     with guard():
         settings = load(**{"splits.test": test})
-        from flows.evaluate import evaluate as evaluate_flow
-
-        result = _launch(evaluate_flow, settings, generation)
+        result = _launch("flows.evaluate:evaluate", settings, generation)
         _print_stages(settings, [result])
 
 
@@ -159,9 +171,7 @@ def diagnose(generation: GenOpt = 0) -> None:
     """Diagnose every failed train rollout of a generation and cluster the failures (rerun = resume)."""
     with guard():
         settings = load()
-        from flows.diagnose import diagnose_flow
-
-        result = _launch(diagnose_flow, settings, generation)
+        result = _launch("flows.diagnose:diagnose_flow", settings, generation)
         _print_diagnose(result)
 
 
@@ -170,9 +180,7 @@ def distill(generation: GenOpt = 0) -> None:
     """Distill skill, guardrail and tool candidates from a generation (after `diagnose`)."""
     with guard():
         settings = load()
-        from flows.distill import distill_flow
-
-        result = _launch(distill_flow, settings, generation)
+        result = _launch("flows.distill:distill_flow", settings, generation)
         _print_distill(result)
 
 
@@ -187,9 +195,7 @@ def verify(
     """A/B-test every candidate against the champion on dev tasks; file verified or rejected."""
     with guard():
         settings = load(**{"splits.dev": dev})
-        from flows.verify import verify_flow
-
-        result = _launch(verify_flow, settings, generation)
+        result = _launch("flows.verify:verify_flow", settings, generation, gate=True)
         _print_verify(result)
 
 
@@ -201,9 +207,7 @@ def finetune(
     """Train a LoRA adapter on clean successes, gate it against the champion, promote if it wins."""
     with guard():
         settings = load(**{"splits.dev": dev})
-        from flows.finetune import finetune_flow
-
-        print_finetune(_launch(finetune_flow, settings, generation))
+        print_finetune(_launch("flows.finetune:finetune_flow", settings, generation, gate=True))
 
 
 @app.command()
@@ -225,10 +229,13 @@ def evolve(
                 "explore.rollouts_per_task": k,
             }
         )
-        from flows.evolve import check_settings, evolve_flow
+        from flows.runtime import preflight
+
+        preflight(settings, gate=True)  # one clear line, before Prefect is even imported
+        from flows.evolve import evolve_flow
         from ratchet.cli_evolve import print_evolution
 
-        check_settings(settings)  # one clear line, before Prefect starts
+        _start_prefect()
         with _progress():
             journal = evolve_flow(settings=settings)
         print_evolution(settings, journal)
@@ -271,9 +278,7 @@ def run(
     """Run one generation: explore, diagnose, distill, evaluate; then print its summary."""
     with guard():
         settings = load(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
-        from flows.generation import generation_flow
-
-        result = _launch(generation_flow, settings, generation)
+        result = _launch("flows.generation:generation_flow", settings, generation)
         _print_diagnose(result.diagnose)
         _print_distill(result.distill)
         _print_stages(settings, [result.explore, result.evaluate], run_id=result.run_id)
@@ -289,7 +294,7 @@ def api(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8780) -> 
         from server.launcher import check_port_free
 
         settings = load()
-        check_port_free("127.0.0.1", port)
+        check_port_free("127.0.0.1", port, "pass --port with another port")
         console.print(f"API on http://127.0.0.1:{port}/api (docs: /api/docs; Ctrl-C to stop)")
         uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
 
@@ -308,7 +313,7 @@ def dashboard(
 
         settings = load()
         port = port or settings.dashboard.port
-        check_port_free("127.0.0.1", port)
+        check_port_free("127.0.0.1", port, "pass --port or set dashboard.port")
         app_ = create_dashboard(settings)
         embed(["warm up"])  # a decision re-indexes the skill: load the embedding model now, not on a click
         console.print(f"dashboard on http://127.0.0.1:{port}/ (API: /api/docs; Ctrl-C to stop)")
@@ -317,15 +322,21 @@ def dashboard(
 
 @app.command()
 def doctor() -> None:
-    """Check the installation: Java, the shipped model, the suites."""
+    """Check the installation: Java, the shipped model, the suites, the tool sandbox."""
     with guard():
         from server.weights import shipped_gguf
+        from skills.sandbox import SandboxUnavailableError, check_isolation
         from suites import available_suites, get_suite
 
         console.print(f"model weights: {shipped_gguf()}")
         for name in sorted(available_suites()):
             get_suite(name).check()
             console.print(f"suite {name}: ok")
+        try:
+            check_isolation()
+            console.print("tool sandbox (bubblewrap): ok")
+        except SandboxUnavailableError as exc:  # the loop runs; only tool candidates are refused
+            err.print(f"[yellow]warning:[/] {exc} (until then, tool candidates are refused)", highlight=False)
         console.print("[green]ratchet is installed[/]")
 
 

@@ -23,10 +23,18 @@ from pydantic_settings import (
 from ratchet.errors import ConfigError
 
 CONFIG_ENV = "RATCHET_CONFIG"
+
+
+class Section(BaseModel):
+    """A `[table]` of the settings: an unknown key (a typo like `endpont`) is an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 DEFAULT_CONFIG_FILE = "ratchet.toml"
 
 
-class ModelSettings(BaseModel):
+class ModelSettings(Section):
     endpoint: str = Field(
         default="",
         description="OpenAI-compatible base URL (…/v1). Empty: ratchet starts its embedded server.",
@@ -49,7 +57,7 @@ class ModelSettings(BaseModel):
         return v
 
 
-class ExploreSettings(BaseModel):
+class ExploreSettings(Section):
     rollouts_per_task: int = Field(default=2, ge=1, description="k rollouts per train task")
     temperature: float = Field(default=0.8, gt=0, le=2, description="sampling temperature (> 0)")
     epsilon: float = Field(
@@ -62,12 +70,12 @@ class ExploreSettings(BaseModel):
     )
 
 
-class EvaluateSettings(BaseModel):
+class EvaluateSettings(Section):
     temperature: float = Field(default=0.0, ge=0, le=2, description="0 = greedy")
     rollouts_per_task: int = Field(default=1, ge=1)
 
 
-class TeacherSettings(BaseModel):
+class TeacherSettings(Section):
     """The model that judges failures and writes skills; separate from the policy so a
     stronger one can be plugged in. Empty endpoint/name = the policy's (the embedded model)."""
 
@@ -78,7 +86,7 @@ class TeacherSettings(BaseModel):
     max_tokens: int = Field(default=384, gt=0, description="completion budget per answer (JSON)")
 
 
-class DiagnoseSettings(BaseModel):
+class DiagnoseSettings(Section):
     judge: bool = Field(default=True, description="ask the teacher for each failure's cause in words")
     cluster_similarity: float = Field(
         default=0.8, gt=0, le=1, description="cosine similarity for two diagnoses to share a cluster"
@@ -86,7 +94,7 @@ class DiagnoseSettings(BaseModel):
     min_cluster: int = Field(default=3, ge=1, description="members a cluster needs to yield a guardrail")
 
 
-class DistillSettings(BaseModel):
+class DistillSettings(Section):
     teacher: bool = Field(default=True, description="let the teacher phrase skills and write function tools")
     min_tasks: int = Field(default=2, ge=1, description="tasks an action pattern must recur in")
     patterns: int = Field(default=4, ge=1, description="patterns per family shown to the distiller")
@@ -98,7 +106,7 @@ class DistillSettings(BaseModel):
     tool_memory_mb: int = Field(default=256, ge=32, description="sandbox memory limit per tool call")
 
 
-class VerifySettings(BaseModel):
+class VerifySettings(Section):
     """The A/B gate (skills/intervention.py): a candidate runs against the champion on its
     family's dev tasks, looked at every `look_every` tasks."""
 
@@ -115,7 +123,7 @@ class VerifySettings(BaseModel):
     )
 
 
-class EvolveSettings(BaseModel):
+class EvolveSettings(Section):
     """`ratchet evolve`: how many generations, and where rollouts run."""
 
     generations: int = Field(default=2, ge=1, description="generations after the baseline (generation 0)")
@@ -130,7 +138,7 @@ class EvolveSettings(BaseModel):
     )
 
 
-class DashboardSettings(BaseModel):
+class DashboardSettings(Section):
     """`ratchet dashboard`: its port, and where its links to MLflow and Prefect point."""
 
     port: int = Field(default=8780, ge=1, le=65535, description="port on 127.0.0.1")
@@ -145,10 +153,10 @@ class DashboardSettings(BaseModel):
     )
 
 
-class LoraSettings(BaseModel):
+class LoraSettings(Section):
     """LoRA hyperparameters (peft). Part of an adapter's identity: change one and it trains anew."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     rank: int = Field(default=16, ge=1, description="LoRA rank r")
     alpha: int = Field(default=32, ge=1, description="LoRA scaling alpha (effective scale alpha/r)")
@@ -163,7 +171,7 @@ class LoraSettings(BaseModel):
     seed: int = Field(default=0)
 
 
-class FinetuneSettings(BaseModel):
+class FinetuneSettings(Section):
     """The fine-tune stage: which successes become data, and whether to train or export."""
 
     mode: Literal["auto", "lora", "export"] = Field(
@@ -185,15 +193,15 @@ class FinetuneSettings(BaseModel):
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
-class SkillSettings(BaseModel):
+class SkillSettings(Section):
     k: int = Field(default=3, ge=0, description="promoted skills shown per task (most relevant first)")
     token_budget: int = Field(default=400, ge=0, description="prompt tokens the shown skills may take")
 
 
-class SplitSizes(BaseModel):
-    train: int = Field(default=2, ge=0, description="train tasks per subset")
-    dev: int = Field(default=8, ge=0, description="dev tasks per subset (the A/B gate needs 5 or more)")
-    test: int = Field(default=3, ge=0, description="test tasks per subset")
+class SplitSizes(Section):
+    train: int = Field(default=2, ge=1, description="train tasks per subset")
+    dev: int = Field(default=8, ge=1, description="dev tasks per subset (the A/B gate needs 5 or more)")
+    test: int = Field(default=3, ge=1, description="test tasks per subset")
 
 
 class Settings(BaseSettings):

@@ -57,3 +57,7 @@ class AdapterError(RatchetError):
 
 class AdapterStateError(RatchetError):
     """A registry change that is not allowed (unknown version, wrong status, lost a race)."""
+
+
+class StateFileError(RatchetError):
+    """A state file under the data dir (audit log, trajectory DB, journal) is damaged."""

@@ -23,6 +23,8 @@ POINTS: dict[str, str] = {
     "rollout.stored": "a rollout's trajectory was stored (others of the batch still in flight)",
     "diagnosis.stored": "a failure's diagnosis was stored",
     "skill.added": "a distilled candidate was written to the library",
+    "skill.filing": "a new candidate's audit record was written, its folder not yet in place",
+    "skill.recorded": "a status change's audit record was written, its SKILL.md not yet rewritten",
     "skill.transition": "a skill's status changed (e.g. verified, not yet promoted)",
     "adapter.trained": "a LoRA adapter was written to disk, not yet registered",
     "adapter.registered": "an adapter version was registered, not yet gated",

@@ -1,12 +1,21 @@
-"""Writing directories so that a killed process leaves either the old one or the new one."""
+"""State files a killed process cannot tear: directories and text replaced by a rename,
+append-only JSONL logs fsynced per record and read back strictly."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ratchet.errors import StateFileError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @contextmanager
@@ -32,3 +41,48 @@ def write_text_atomic(path: Path, text: str) -> Path:
     tmp.write_text(text)
     tmp.replace(path)
     return path
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one record and fsync it: once this returns, the record survives a power cut."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell():  # a complete last record cut just before its newline must not glue onto this one
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        f.write(line.encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
+    """Every record of an append-only log; a damaged line is one StateFileError that says how
+    to recover. Nothing is skipped or rewritten: the log is the record of what happened."""
+    if not path.exists():
+        return []
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise StateFileError(f"cannot read {what} {path}: {exc.strerror}", "check its permissions") from None
+    lines = raw.split(b"\n")
+    torn_tail = bool(lines and lines[-1])  # a complete log ends with a newline
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(model.model_validate_json(line))
+        except (ValidationError, ValueError):
+            if torn_tail and number == len(lines):
+                raise StateFileError(
+                    f"{what} {path} ends in a torn line {number} (a write was killed half-way)",
+                    f"that change was never completed, so it did not happen: delete the line "
+                    f"(sed -i '{number}d' {path}) and run again",
+                ) from None
+            raise StateFileError(
+                f"{what} {path} line {number} is damaged (not a valid record)",
+                "restore the file from a backup; ratchet will not guess what it said",
+            ) from None
+    return records

@@ -10,6 +10,10 @@ import os
 
 from ratchet.config import Settings
 
+# Prefect gives its ephemeral API server 20 s to answer; a new Prefect database alone takes
+# 10-25 s to migrate on 2 busy cores. Ours: the slowest machine we know, several times over.
+PREFECT_STARTUP_TIMEOUT_S = 600
+
 
 def prepare_environment(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -18,6 +22,7 @@ def prepare_environment(settings: Settings) -> None:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(PREFECT_STARTUP_TIMEOUT_S),
         "MLFLOW_TRACKING_URI": settings.mlflow_uri,
         "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",

@@ -18,14 +18,16 @@ from ratchet.errors import EndpointError, PortInUseError
 READY_TIMEOUT_S = 300.0  # first start converts the GGUF (~20 s quiet, more on a loaded box)
 
 
-def check_port_free(host: str, port: int) -> None:
+def check_port_free(
+    host: str, port: int, fix: str = "set model.port to another port (0 = any free port)"
+) -> None:
+    """Refuse a taken port in one line; `fix` names the setting or flag that moves this server."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
         except OSError:
             raise PortInUseError(
-                f"port {port} on {host} is already in use",
-                "stop what is using it, or set model.port to another port (0 = any free port)",
+                f"port {port} on {host} is already in use", f"stop what is using it, or {fix}"
             ) from None
 
 

@@ -4,11 +4,24 @@
     <data_dir>/skills/audit.jsonl                    every status change: who, when, why, evidence
     <data_dir>/index/                                Chroma collection `skills` (name, description, body)
 
-Status moves only along `TRANSITIONS`; each change rewrites the SKILL.md atomically and
-appends an audit record, under an exclusive `flock` on the library, so two concurrent
-promotions of one skill cannot both win: the second finds the status already changed and
-gets a SkillStateError. The audit log is also the check on hand edits: a SKILL.md whose
-status disagrees with its last audit record is refused.
+The audit log is what says a skill's status, not its file. Status moves only along
+`TRANSITIONS`; each change first appends an audit record (fsynced), then rewrites the
+SKILL.md's `ratchet-status` to mirror it, under an exclusive `flock` on the library, so two
+concurrent promotions of one skill cannot both win: the second finds the status already
+changed and gets a SkillStateError. Reading checks the file against the log:
+
+* no audit record at all: the folder was not filed by ratchet (planted or copied by hand):
+  refused, never live;
+* content hash differs from the one last audited: the text was edited: refused;
+* the file's status is the last record's `from_status`: a status change was killed
+  between its two writes; the log wins (the change happened) and the next change under
+  the lock rewrites the file;
+* any other disagreement: a hand edit: refused.
+
+A damaged audit log (a torn line from a kill mid-append, or an edit) is reported in one
+line that says how to recover; it is never rewritten behind anyone's back. What this does
+not stop: someone who can write the data dir can append a forged record too. The data
+dir is trusted storage; distilled text and tool code are not.
 
 A new candidate that is a near-duplicate of an existing skill of the same kind and family
 (cosine similarity >= `merge_similarity`) is merged into it (provenance joined) instead
@@ -34,6 +47,7 @@ from pydantic import BaseModel, Field
 from memory.vector_index import VectorIndex
 from ratchet import faults
 from ratchet.errors import SkillFileError, SkillStateError
+from ratchet.files import append_line, read_jsonl
 from skills.format import FILE, TRANSITIONS, Skill, SkillKind, SkillStatus, load, render, write_files
 
 AUDIT = "audit.jsonl"
@@ -84,26 +98,45 @@ class SkillLibrary:
     # -- reading
 
     def names(self) -> list[str]:
-        return sorted(p.parent.name for p in self.root.glob(f"*/{FILE}"))
+        """Skill folders (hidden ones are half-written staging folders of a killed `add`)."""
+        return sorted(p.parent.name for p in self.root.glob(f"*/{FILE}") if not p.parent.name.startswith("."))
 
     def get(self, name: str) -> Skill:
-        if not (self.root / name / FILE).exists():
+        """The skill with the status its audit log gives it; refused if the file disagrees."""
+        return self._checked(name, self._last_records())
+
+    def _checked(self, name: str, last: dict[str, AuditRecord]) -> Skill:
+        path = self.root / name / FILE
+        if not path.exists():
             raise SkillStateError(f"no skill named {name!r}", "see `ratchet skills list`")
         skill = load(self.root / name)
-        last = self._last_status().get(name)
-        if last is not None and last != skill.status:
+        record = last.get(name)
+        if record is None:
             raise SkillFileError(
-                f"{self.root / name / FILE} says status {skill.status!r} but its audit log says {last!r}",
-                "change status only with `ratchet skills promote|reject|retire`; restore the file",
+                f"{path} has no record in the audit log: ratchet did not file it, so it is not live",
+                f"remove {path.parent}; skills enter the library only through `ratchet distill`",
             )
-        return skill
+        if record.content_hash != skill.content_hash:
+            raise SkillFileError(
+                f"{path} was changed after it was filed (its content hash is not the audited one)",
+                "restore the file, or distill a new candidate instead of editing one",
+            )
+        if skill.status == record.to_status:
+            return skill
+        if skill.status == record.from_status:  # killed between the record and the file: the log wins
+            return skill.model_copy(update={"status": record.to_status})
+        raise SkillFileError(
+            f"{path} says status {skill.status!r} but its audit log says {record.to_status!r}",
+            "change status only with `ratchet skills promote|reject|retire`; restore the file",
+        )
 
     def scan(self) -> tuple[list[Skill], list[str]]:
         """Every loadable skill, and one error line for each skill that is refused."""
         skills, errors = [], []
+        last = self._last_records()
         for name in self.names():
             try:
-                skills.append(self.get(name))
+                skills.append(self._checked(name, last))
             except (SkillFileError, SkillStateError) as exc:
                 errors.append(str(exc))
         return skills, errors
@@ -121,10 +154,7 @@ class SkillLibrary:
         ]
 
     def history(self, name: str | None = None) -> list[AuditRecord]:
-        path = self.root / AUDIT
-        if not path.exists():
-            return []
-        records = [AuditRecord.model_validate_json(line) for line in path.read_text().splitlines() if line]
+        records = read_jsonl(self.root / AUDIT, AuditRecord, "the skill audit log")
         return [r for r in records if name is None or r.skill == name]
 
     # -- writing
@@ -141,17 +171,15 @@ class SkillLibrary:
                 return AddResult(twin.name, "merged", twin.status)
             name = self._free_name(skill.name)
             skill = skill.model_copy(update={"name": name})
-            self._write(skill, new=True)
-            self._append(
-                AuditRecord(
-                    skill=name,
-                    from_status=None,
-                    to_status="candidate",
-                    who=who,
-                    why=f"distilled from {len(skill.provenance)} trajectories",
-                    content_hash=skill.content_hash,
-                )
+            record = AuditRecord(
+                skill=name,
+                from_status=None,
+                to_status="candidate",
+                who=who,
+                why=f"distilled from {len(skill.provenance)} trajectories",
+                content_hash=skill.content_hash,
             )
+            self._write(skill, new=True, record=record)
             self.index.upsert([name], [_document(skill)], [_metadata(skill)])
         if self.on_change is not None:
             self.on_change(self.history(name)[-1])
@@ -188,8 +216,9 @@ class SkillLibrary:
                 content_hash=skill.content_hash,
                 evidence=evidence or {},
             )
+            self._append(record)  # the log first: from here on the change has happened
+            faults.point("skill.recorded")
             self._write(skill.model_copy(update={"status": to}))
-            self._append(record)
             self.index.upsert([name], [_document(skill)], [_metadata(skill) | {"status": to}])
         if self.on_change is not None:
             self.on_change(record)
@@ -232,7 +261,8 @@ class SkillLibrary:
         return None
 
     def _free_name(self, name: str) -> str:
-        taken = set(self.names())
+        # names in the log are taken too: a killed `add` may have recorded one without its folder
+        taken = set(self.names()) | set(self._last_records())
         if name not in taken:
             return name
         i = 2
@@ -240,13 +270,17 @@ class SkillLibrary:
             i += 1
         return f"{name}-{i}"[:64]
 
-    def _write(self, skill: Skill, new: bool = False) -> None:
-        """Write a skill folder (new) or its SKILL.md (update) so that readers never see half."""
+    def _write(self, skill: Skill, new: bool = False, record: AuditRecord | None = None) -> None:
+        """Write a skill folder (new: staged, then `record` appended, then renamed into place)
+        or its SKILL.md (update) so that readers never see half."""
         target = self.root / skill.name
         if new:
             staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{skill.name}."))
             try:
                 write_files(skill, staging)
+                if record is not None:
+                    self._append(record)
+                    faults.point("skill.filing")
                 os.rename(staging, target)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -262,13 +296,11 @@ class SkillLibrary:
             raise
 
     def _append(self, record: AuditRecord) -> None:
-        with open(self.root / AUDIT, "a", encoding="utf-8") as f:
-            f.write(record.model_dump_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self.history()  # refuse to append behind a damaged line (it would glue onto it)
+        append_line(self.root / AUDIT, record.model_dump_json())
 
-    def _last_status(self) -> dict[str, str]:
-        return {r.skill: r.to_status for r in self.history()}
+    def _last_records(self) -> dict[str, AuditRecord]:
+        return {r.skill: r for r in self.history()}
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

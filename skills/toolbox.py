@@ -25,6 +25,7 @@ from fastmcp import Client, FastMCP
 from fastmcp.tools import Tool
 from fastmcp.tools.base import ToolResult
 
+from ratchet.errors import RatchetError
 from ratchet.types import ToolCall, ToolSpec
 from skills.format import Skill
 from skills.sandbox import run_tool
@@ -65,11 +66,14 @@ class SandboxTool(Tool):
         )
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
-        result = await anyio.to_thread.run_sync(
-            lambda: run_tool(
-                self.code, arguments, entry=self.entry, timeout_s=self.timeout_s, memory_mb=self.memory_mb
+        try:
+            result = await anyio.to_thread.run_sync(
+                lambda: run_tool(
+                    self.code, arguments, entry=self.entry, timeout_s=self.timeout_s, memory_mb=self.memory_mb
+                )
             )
-        )
+        except RatchetError as exc:  # refused code, or no sandbox on this machine: the call fails
+            return ToolResult(content=str(exc), is_error=True)
         if not result.ok:
             return ToolResult(content=result.error, is_error=True)
         return ToolResult(content=json.dumps(result.value), structured_content={"result": result.value})

@@ -82,3 +82,11 @@ def add_verified(library: Any, name: str, body: str, family: str = "reasoning-gy
         why="gate passed",
         evidence={"repairs": 6, "regressions": 0, "p_value": 0.016, "reason": "significant"},
     )
+
+
+def local_client(app: Any) -> Any:
+    """A test client that talks to `app` as a browser tab on this machine would (the API
+    refuses any Host that is not a loopback name)."""
+    from fastapi.testclient import TestClient
+
+    return TestClient(app, base_url="http://127.0.0.1:8780")

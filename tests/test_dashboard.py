@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from dashboard.app import create_dashboard
 from flows.runtime import open_library
 from tests.dashboard_data import Built, build
+from tests.factories import local_client
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 @pytest.fixture
 def client(built: Built) -> TestClient:
-    return TestClient(create_dashboard(built.settings))
+    return local_client(create_dashboard(built.settings))
 
 
 def rows_of(html: str, table_id: str) -> list[str]:
@@ -83,14 +84,14 @@ def test_every_asset_is_served_here(client: TestClient) -> None:
     """Offline: scripts and styles come from this server, never a CDN."""
     html = client.get("/").text
     assets = re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', html)
-    assert assets and all(a.startswith("http://testserver/static/") for a in assets)
+    assert assets and all(a.startswith("http://127.0.0.1:8780/static/") for a in assets)
     for a in assets:
         assert client.get(a).status_code == 200
 
 
 def test_a_decision_shows_up_in_the_champion_history(tmp_path: Path) -> None:
     settings = build(tmp_path).settings
-    client = TestClient(create_dashboard(settings))
+    client = local_client(create_dashboard(settings))
     decision = {"reason": "fixes coin", "by": "ann", "expect": "verified"}
     ok = client.post("/api/skills/take-coin-first/promote", json=decision)
     assert ok.status_code == 200
@@ -103,7 +104,7 @@ def test_a_decision_shows_up_in_the_champion_history(tmp_path: Path) -> None:
 def test_a_malformed_skill_file_is_named_not_fatal(tmp_path: Path) -> None:
     settings = build(tmp_path).settings
     (settings.skills_dir / "open-doors" / "SKILL.md").write_text("---\nname: [broken\n---\n")
-    client = TestClient(create_dashboard(settings, open_library(settings)))
+    client = local_client(create_dashboard(settings, open_library(settings)))
     html = client.get("/").text
     assert "refused skill file" in html and "take-coin-first" in html
     assert client.get("/skills/open-doors").status_code == 422

@@ -6,12 +6,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from dashboard.api import create_app
 from flows.runtime import open_library
 from ratchet.config import load_settings
-from tests.factories import add_verified
+from tests.factories import add_verified, local_client
 
 
 @pytest.fixture
@@ -20,7 +19,7 @@ def client_and_library(tmp_path: Path):  # type: ignore[no-untyped-def]
     library = open_library(settings)
     add_verified(library, "a", "Add left to right.")
     add_verified(library, "b", "Check the result twice.")
-    return TestClient(create_app(settings, library)), library
+    return local_client(create_app(settings, library)), library
 
 
 def test_promote_then_rollback_through_http(client_and_library) -> None:  # type: ignore[no-untyped-def]
@@ -76,3 +75,60 @@ def test_two_people_promoting_at_once_one_wins_one_conflicts(client_and_library)
         t.join()
     assert sorted(codes) == [200, 409]
     assert [r.to_status for r in library.history("b")].count("promoted") == 1
+
+
+BODY = {"reason": "helps", "by": "mallory"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [
+        # DNS rebinding: attacker.example now resolves to 127.0.0.1; the browser sends its name
+        ({"Host": "attacker.example", "Origin": "http://attacker.example"}, 421),
+        ({"Host": "attacker.example:8780"}, 421),
+        ({"Host": "127.0.0.1.attacker.example"}, 421),
+        ({"Host": "localhost.attacker.example:8780"}, 421),
+        ({"Host": "127.0.0.1@attacker.example"}, 421),
+        ({"Host": ""}, 421),
+        # cross-site: a page elsewhere (another port of this machine included) posts to us
+        ({"Origin": "http://attacker.example"}, 403),
+        ({"Origin": "http://127.0.0.1:9999"}, 403),
+        ({"Origin": "http://localhost:8780"}, 403),  # another origin, though the same server
+        ({"Origin": "null"}, 403),  # sandboxed iframes and file:// pages
+        ({"Origin": "http://127.0.0.1:8780.attacker.example"}, 403),
+        ({"Sec-Fetch-Site": "cross-site"}, 403),
+    ],
+)
+def test_rebinding_and_cross_site_changes_are_refused_and_change_nothing(  # type: ignore[no-untyped-def]
+    client_and_library, headers: dict[str, str], code: int
+) -> None:
+    client, library = client_and_library
+    response = client.post("/api/skills/a/promote", json=BODY, headers=headers)
+    assert response.status_code == code, response.text
+    assert "\n" not in response.json()["detail"]
+    assert library.get("a").status == "verified"
+    assert [r.to_status for r in library.history("a")] == ["candidate", "verified"]
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_simple_cross_site_form_post_is_refused(client_and_library, content_type: str | None) -> None:  # type: ignore[no-untyped-def]
+    # Forms and text/plain need no CORS preflight, so a foreign page could send them blind.
+    client, library = client_and_library
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = client.post("/api/skills/a/promote", content=b'{"reason": "x", "by": "y"}', headers=headers)
+    assert response.status_code == 415
+    assert library.get("a").status == "verified"
+
+
+def test_reads_from_a_rebound_host_are_refused_too(client_and_library) -> None:  # type: ignore[no-untyped-def]
+    client, _ = client_and_library
+    assert client.get("/api/skills", headers={"Host": "attacker.example"}).status_code == 421
+    assert client.get("/api/policy", headers={"Host": "localhost:8780"}).status_code == 200
+
+
+@pytest.mark.parametrize("origin", [None, "http://127.0.0.1:8780"])
+def test_the_dashboard_tab_and_scripts_still_decide(client_and_library, origin: str | None) -> None:  # type: ignore[no-untyped-def]
+    client, library = client_and_library
+    headers = {"Origin": origin, "Sec-Fetch-Site": "same-origin"} if origin else {}
+    assert client.post("/api/skills/a/promote", json=BODY, headers=headers).status_code == 200
+    assert library.get("a").status == "promoted"

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from dashboard.app import create_dashboard
 from flows.evolve import evolve_flow, stages_of
@@ -26,8 +25,9 @@ from flows.journal import Journal
 from memory.trajectory_store import open_store
 from ratchet import faults
 from ratchet.config import load_settings
-from ratchet.errors import ConfigError
+from ratchet.errors import ConfigError, StateFileError
 from skills.library import SkillLibrary
+from tests.factories import local_client
 from training.registry import AdapterRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_evolve_runs_every_stage_and_a_rerun_changes_nothing(data: Path, embedde
     # the dashboard shows this evolution: a row per generation, linked to its MLflow run and flow runs
     flow_runs = [r.flow_run_id for r in journal.records]
     assert all(flow_runs) and len(set(flow_runs)) == len(flow_runs)
-    html = TestClient(create_dashboard(settings)).get("/").text
+    html = local_client(create_dashboard(settings)).get("/").text
     for gen, run in by_gen.items():
         assert f'<tr data-generation="{gen}">' in html and f"/runs/{run.info.run_id}" in html
     assert all(f"/runs/flow-run/{f}" in html for f in flow_runs)
@@ -180,7 +180,7 @@ def test_an_unreadable_journal_is_one_clear_error(tmp_path: Path) -> None:
     settings = load_settings({"data_dir": tmp_path})
     settings.evolve_journal.parent.mkdir(parents=True)
     settings.evolve_journal.write_text('{"stages": [{"generation": 0}]}')
-    with pytest.raises(ConfigError, match="unreadable"):
+    with pytest.raises(StateFileError, match="unreadable"):
         Journal.load(settings)
 
 
@@ -215,6 +215,8 @@ def test_a_kill_mid_explore_resumes_without_losing_or_repeating_rollouts(data: P
         "stage.finished:1",  # generation 0's evaluate done, not in the journal
         "diagnosis.stored:2",
         "skill.added:1",
+        "skill.filing:1",  # a candidate's record written, its folder not in place
+        "skill.recorded:1",  # a verdict's record written, its SKILL.md not rewritten
         "skill.transition:1",  # a candidate just verified or rejected
         "adapter.trained:1",
         "adapter.registered:1",

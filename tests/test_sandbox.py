@@ -1,14 +1,25 @@
-"""The tool sandbox: the AST check refuses, and the runtime layer blocks on its own (validate=False)."""
+"""The tool sandbox: the AST check refuses, the runtime guards block on their own (validate=False),
+and no code runs at all without the OS isolation. tests/test_sandbox_escape.py attacks the OS layer."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from skills import sandbox
-from skills.sandbox import MAX_OUTPUT_CHARS, SandboxResult, UnsafeCodeError, run_tool, validate_tool_code
+from skills.sandbox import (
+    MAX_OUTPUT_CHARS,
+    SandboxResult,
+    SandboxUnavailableError,
+    UnsafeCodeError,
+    run_tool,
+    validate_tool_code,
+)
 
 MEMORY_ERROR = "tool exceeded its memory limit (256 MB)"
 
@@ -163,12 +174,18 @@ def test_writing_inside_the_scratch_dir_works(tmp_path: Path) -> None:
     assert (scratch / "out.txt").read_text() == "hi"
 
 
-def test_default_scratch_dir_is_fresh_and_removed_and_env_is_minimal(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_scratch_dir_is_fresh_and_leaves_nothing_on_the_host_and_env_is_minimal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RATCHET_TEST_SECRET", "s3cret")
-    source = "import os\ndef run():\n    return [os.getcwd(), os.listdir('.'), dict(os.environ)]\n"
-    cwd, listing, env = run_tool(source, {}, validate=False).value
-    assert listing == [] and not Path(cwd).exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a host-side scratch dir would go
+    source = "import os\ndef run():\n    found = os.listdir('.')\n    open('left.txt', 'w').write('x')\n"
+    source += "    return [os.getcwd(), found, dict(os.environ)]\n"
+    for _ in range(2):  # the second call does not see the first one's file
+        cwd, listing, env = run_tool(source, {}, validate=False).value
+        assert cwd == "/scratch" and listing == []
     assert "RATCHET_TEST_SECRET" not in env
+    assert list(tmp_path.iterdir()) == []  # a tmpfs inside the sandbox, gone with it
 
 
 @pytest.mark.parametrize(
@@ -188,6 +205,26 @@ def test_default_scratch_dir_is_fresh_and_removed_and_env_is_minimal(monkeypatch
         ("def helper(): pass", "no top-level `def run(...)`"),
         ("def run(:\n    pass", "line 1: does not parse"),
         ("def run(): pass\n" + "#" * 20_000, "the limit is 20,000"),
+        # Formatting that walks attributes and items, or evaluates strings as code:
+        ("import string\ndef run():\n    return string.Formatter()", "line 3: access to `.Formatter`"),
+        ("from string import Formatter\ndef run(): pass", "access to `.Formatter` is not allowed"),
+        ("from string import *\ndef run(): pass", "line 1: `from string import *` is not allowed"),
+        ("def run(f):\n    return f.get_field('0.real', [1], {})", "access to `.get_field`"),
+        ("def run(f):\n    return f.vformat('{0}', [1], {})", "access to `.vformat`"),
+        ("def run(x):\n    return '{a}'.format_map({'a': x})", "access to `.format_map`"),
+        (
+            "def run(x):\n    return '{0.__class__}'.format(x)",
+            "format field `{0.__class__}` (attribute or item",
+        ),
+        ("def run(x):\n    return '{x.real}'.format(x=x)", "format field `{x.real}`"),
+        ("def run(x):\n    return '{0[0]}'.format(x)", "format field `{0[0]}`"),
+        ("def run(x):\n    return '{0:{1.real}}'.format(x, 1)", "format field `{1.real}`"),
+        ("def run(t, x):\n    return t.format(x)", "line 2: `.format` on a computed string"),
+        ("def run(x):\n    return str.format('{0.real}', x)", "`.format` on a computed string"),
+        ("def run(x):\n    return ('{0' + '.real}').format(x)", "`.format` on a computed string"),
+        ("def run(x):\n    return '{'.format(x)", "a malformed format string"),
+        ("import typing\ndef run(f):\n    return typing.get_type_hints(f)", "access to `.get_type_hints`"),
+        ("import functools\n@functools.singledispatch\ndef run(x): pass", "access to `.singledispatch`"),
     ],
 )
 def test_validator_refuses_with_a_clear_one_line_message(source: str, needle: str) -> None:
@@ -221,3 +258,170 @@ def test_printing_lots_of_text_does_not_break_the_result() -> None:
     result = run_tool(source, {"fake": fake}, timeout_s=20)
     assert result.ok and result.value == 42
     assert result.output.startswith(fake) and len(result.output) <= MAX_OUTPUT_CHARS + 100
+
+
+def test_plain_format_templates_pass_and_work() -> None:
+    source = (
+        "def run(a, b):\n    return ['{} {}'.format(a, b), '{0}-{1!r:>4}'.format(a, b), '{x}'.format(x=a),"
+    )
+    source += " f'{a.real}']\n"
+    assert run_tool(source, {"a": 1, "b": 2}).value == ["1 2", "1-   2", "1", "1"]
+
+
+def test_macro_templates_written_by_the_toolsmith_pass() -> None:
+    from agents.toolsmith import macro_source
+    from skills.mining import ActionTemplate, Pattern
+
+    pattern = Pattern(
+        "suite:family",
+        (
+            ActionTemplate("act", {"action": "move {a}"}),
+            ActionTemplate("act", {"action": "take {b} from {a}"}),
+        ),
+        ("a", "b"),
+        ({"a": "north", "b": "coin"},),
+        2,
+        2,
+        ("t1",),
+    )
+    code = macro_source(pattern).code
+    validate_tool_code(code)
+    assert run_tool(code, {"a": "north", "b": "coin"}).value[1]["args"] == {"action": "take coin from north"}
+
+
+# Reaches `os` through Formatter.get_field without a dunder attribute in the code; on the sandbox
+# before bubblewrap it passed validation, and its dir_fd write into the stdlib got past the audit
+# hook. tests/test_sandbox_escape.py runs it without the AST check against the OS layer.
+FORMATTER_WALK = """
+import string
+
+def run(name):
+    fmt = string.Formatter()
+    for cls in fmt.get_field("0.__class__.__base__.__subclasses__", [()], {})[0]():
+        try:
+            namespace = fmt.get_field("0.__init__.__globals__", [cls], {})[0]
+        except AttributeError:
+            continue
+        if "__builtins__" in namespace:
+            os = namespace["__builtins__"]["__import__"]("os")
+            fd = os.open(fmt.get_field("0.__file__", [os], {})[0].rsplit("/", 1)[0], os.O_RDONLY)
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+            return "escaped"
+"""
+
+
+def test_formatter_walk_is_refused_before_it_runs() -> None:
+    with pytest.raises(UnsafeCodeError, match="line 5: access to `.Formatter` is not allowed"):
+        run_tool(FORMATTER_WALK, {"name": "sitecustomize.py"})
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        # the dir_fd trick: a descriptor of the stdlib dir makes a relative write look like scratch
+        (
+            "fd = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
+            "    os.open('sitecustomize.py', os.O_WRONLY | os.O_CREAT, dir_fd=fd)",
+            "sandbox blocked opening directory",
+        ),
+        ("return os.stat('/usr/bin').st_size", "sandbox blocked os.stat of '/usr/bin'"),
+        ("os.mkfifo('/tmp/fifo')", "sandbox blocked os.mkfifo of '/tmp/fifo'"),
+        ("os.mkfifo('fifo', dir_fd=os.open('.', os.O_RDONLY))", "sandbox blocked os.mkfifo of 'fifo'"),
+    ],
+    ids=["dir_fd", "stat", "mkfifo", "mkfifo-dir_fd"],
+)
+def test_inner_guards_refuse_what_cpython_does_not_audit(body: str, needle: str) -> None:
+    failed(run_tool(f"import os\ndef run():\n    {body}\n", {}, validate=False), "PermissionError", needle)
+
+
+def test_a_tool_killed_by_a_signal_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "_INNER_GUARDS", False)  # the audit hook would refuse os.kill
+    source = "import os, signal\ndef run():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    failed(run_tool(source, {}, validate=False), "tool process died without a result (exit code -9)")
+
+
+def test_inner_guards_still_let_the_tool_stat_its_scratch_dir() -> None:
+    source = "import os\ndef run():\n    open('f', 'w').write('abc')\n    return os.stat('f').st_size\n"
+    assert run_tool(source, {}, validate=False).value == 3
+
+
+# ------------------------------------------------------------------ no isolation, no run
+
+NOT_FOUND = (
+    "tool sandbox unavailable: bubblewrap (bwrap) not found. "
+    "install it: apt-get install bubblewrap (./install.sh does)"
+)
+
+
+@pytest.fixture
+def unprobed(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Forget the cached probe; monkeypatch puts the real one back afterwards."""
+    monkeypatch.setattr(sandbox, "_ISOLATION", None)
+    return monkeypatch
+
+
+def _fake_bwrap(monkeypatch: pytest.MonkeyPatch, path: Path | None) -> None:
+    monkeypatch.setattr(sandbox.shutil, "which", lambda *a, **k: None if path is None else str(path))
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def test_without_bwrap_no_code_runs(tmp_path: Path, unprobed: pytest.MonkeyPatch) -> None:
+    _fake_bwrap(unprobed, None)
+    marker = tmp_path / "ran"
+    source = f"def run():\n    open({str(marker)!r}, 'w')\n"
+    for _ in range(2):  # the probe's verdict is cached, and raised afresh each time
+        with pytest.raises(SandboxUnavailableError) as info:
+            run_tool(source, {}, validate=False, scratch_dir=tmp_path / "scratch")
+        assert str(info.value) == NOT_FOUND
+    assert not marker.exists() and not (tmp_path / "scratch").exists()
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ("echo 'bwrap: No permissions to create new namespace' >&2\nexit 1\n", "(bwrap: No permissions"),
+        # A "bwrap" that runs the command without isolating it must be caught too.
+        ('while [ "$1" != -- ]; do shift; done\nshift\nexec "$@"\n', f"uid and cwd '{os.getuid()} /', not"),
+        ("echo 'bwrap: Unknown option --disable-userns' >&2\nexit 1\n", "install bubblewrap 0.8 or newer"),
+    ],
+    ids=["no-namespaces", "not-isolating", "too-old"],
+)
+def test_a_bwrap_that_cannot_isolate_is_refused(
+    tmp_path: Path, unprobed: pytest.MonkeyPatch, body: str, why: str
+) -> None:
+    _fake_bwrap(unprobed, _script(tmp_path / "bwrap", body))
+    marker = tmp_path / "ran"
+    with pytest.raises(SandboxUnavailableError, match="bubblewrap cannot set up its namespaces here") as info:
+        run_tool(f"def run():\n    open({str(marker)!r}, 'w')\n", {}, validate=False)
+    assert why in str(info.value) and "\n" not in str(info.value)
+    assert not marker.exists()
+
+
+def test_toolsmith_refuses_the_candidate_when_the_sandbox_is_unavailable(
+    unprobed: pytest.MonkeyPatch,
+) -> None:
+    from agents.toolsmith import MacroJob, build_toolsmith
+    from skills.mining import ActionTemplate, Pattern
+    from skills.screen import Screen
+
+    _fake_bwrap(unprobed, None)
+    examples = ({"a": "north"}, {"a": "south"})
+    pattern = Pattern("s:f", (ActionTemplate("act", {"action": "move {a}"}),), ("a",), examples, 2, 2, ("t",))
+    out = build_toolsmith(None).invoke({"job": MacroJob("m", pattern), "screen": Screen()})
+    assert out["tool"] is None and out["problems"] == [NOT_FOUND]
+
+
+def test_toolbox_call_fails_with_the_one_line_reason(unprobed: pytest.MonkeyPatch) -> None:
+    from skills.toolbox import SandboxTool
+
+    _fake_bwrap(unprobed, None)
+    tool = SandboxTool(
+        name="t", description="d", parameters={"type": "object"}, code="def run():\n    return 1\n"
+    )
+    result = asyncio.run(tool.run({}))
+    assert [c.text for c in result.content] == [NOT_FOUND]
