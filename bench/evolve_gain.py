@@ -2,14 +2,17 @@
 
 Three generations (after the generation-0 baseline) for one TextWorldExpress game and one
 reasoning-gym dataset, each its own evolution and data dir, one embedded server. For every
-generation: test success with a 95% Wilson interval, and what was promoted (skills, tools,
-the adapter). Goal: generation 3 ≥ 2× generation 0 and ≥ +20 points on TextWorldExpress.
+generation: test success with a 95% Wilson interval, the random valid-action policy's level
+on the same test tasks with a sign test of the generation against it, and what was promoted
+(skills, tools, the adapter). The goal is stated against random: first beat it
+significantly, then approach the gold path.
 
     .venv/bin/python bench/evolve_gain.py [--generations 3] [--train 40] [-k 4] [--test 30]
         [--dev 32] [--targets textworld-express:coin reasoning-gym:propositional_logic] [--data DIR]
 
 `--data DIR` resumes a killed run (the evolve journal skips finished stages); with `--report`
-it runs nothing and reports the journals so far. Writes bench/results/evolve_gain.json and
+it runs nothing and reports the journals so far; `--redraw FILE.json` redraws the table and
+the plot (FILE.png) from a results file. Writes bench/results/evolve_gain.json and
 evolve_gain.png (the plot for the README).
 """
 
@@ -50,9 +53,14 @@ def target_settings(target: str, data: Path, args: argparse.Namespace) -> Settin
     )
 
 
-def report_rows(journal: Journal) -> list[dict[str, Any]]:
-    """One dict per generation from the evolve journal, the single source of every number here."""
+def report_rows(journal: Journal, settings: Settings | None = None) -> list[dict[str, Any]]:
+    """One dict per generation from the evolve journal, the single source of every number here,
+    with the random policy's level on the same test tasks beside each (from the journal; for a
+    journal written before it kept them, played now from `settings`' suite and trajectory store)."""
     gates = {r.generation: r.summary.get("reason", "") for r in journal.records if r.stage == "finetune"}
+    rows = journal.rows()
+    missing = settings is not None and any(r.test_n and r.random_success is None for r in rows)
+    levels = random_levels(settings, rows) if missing else {}
     return [
         {
             "generation": r.generation,
@@ -60,6 +68,15 @@ def report_rows(journal: Journal) -> list[dict[str, Any]]:
             "n": r.test_n,
             "success": r.test_success,
             "ci95": r.test_ci95,
+            "random": r.random_success
+            if r.random_success is not None
+            else levels.get(r.generation, {}).get("random"),
+            "gold": r.gold_success
+            if r.gold_success is not None
+            else levels.get(r.generation, {}).get("gold"),
+            "vs_random_p": r.vs_random_p
+            if r.vs_random_p is not None
+            else levels.get(r.generation, {}).get("p"),
             "explore_success": r.explore_success,
             "promoted": r.promoted,
             "rejected": r.rejected,
@@ -68,16 +85,44 @@ def report_rows(journal: Journal) -> list[dict[str, Any]]:
             "stages": r.stages,
             "minutes": round(r.wall_seconds / 60, 1),
         }
-        for r in journal.rows()
+        for r in rows
     ]
+
+
+def random_levels(settings: Settings, rows: list[Any]) -> dict[int, dict[str, Any]]:
+    """Random and gold on the evolution's test tasks, and each generation's sign test against
+    random from its stored test trajectories (no model: seconds)."""
+    from agents.baselines import baselines, versus_random
+    from memory.trajectory_store import open_store
+    from suites import get_suite
+
+    suite = get_suite(settings.suite)
+    try:
+        levels = baselines(suite, suite.tasks("test", settings.splits.test), settings.evaluate.baseline_seeds)
+    finally:
+        suite.close()
+    if levels.random is None:
+        return {}
+    store = open_store(settings.trajectories_db)
+    out = {}
+    for r in rows:
+        trajs = store.query(evolution=settings.evolution, generation=r.generation, split="test")
+        by_task: dict[str, list[bool]] = {}
+        for t in trajs:
+            by_task.setdefault(t.task_id, []).append(t.success)
+        champion = {k: sum(v) / len(v) for k, v in by_task.items()}
+        p = versus_random(champion, levels.random.by_task).p_value if champion else None
+        out[r.generation] = {"random": levels.random.rate, "gold": levels.gold and levels.gold.rate, "p": p}
+    store.close()
+    return out
 
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
     """The README's markdown table: one line per target and generation."""
     lines = [
-        "| target | gen | test success | 95% CI | explore (train) | promoted | candidates rejected "
-        "| adapter | minutes |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| target | gen | test success | 95% CI | random (same tasks) | vs random | explore (train) "
+        "| promoted | candidates rejected | adapter | minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for target, rows in results.items():
         for r in rows:
@@ -86,9 +131,11 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
             explore = "—" if r["explore_success"] is None else f"{r['explore_success']:.0%}"
             adapter = r["adapter"] + (f" ({r['adapter_gate']})" if r["adapter_gate"] else "")
             promoted = ", ".join(r["promoted"]) or "—"
+            rnd = "n/a" if r.get("random") is None else f"{r['random']:.0%}"
+            vs = "—" if r.get("vs_random_p") is None else f"p = {r['vs_random_p']:.2g}"
             lines.append(
-                f"| {target} | {r['generation']} | {test} | {ci} | {explore} | {promoted} | {r['rejected']} "
-                f"| {adapter or '—'} | {r['minutes']} |"
+                f"| {target} | {r['generation']} | {test} | {ci} | {rnd} | {vs} | {explore} | {promoted} "
+                f"| {r['rejected']} | {adapter or '—'} | {r['minutes']} |"
             )
     return "\n".join(lines)
 
@@ -102,7 +149,15 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
         for t, rows in evaluated.items()
         if rows
     }
-    success_figure(series, "ratchet evolve: held-out success per generation").savefig(path, dpi=120)
+    fig = success_figure(series, "ratchet evolve: held-out success per generation")
+    ax = fig.axes[0]
+    for container, target in zip(ax.containers, series, strict=False):  # the bar, in each line's colour
+        level = next((r["random"] for r in reversed(evaluated[target]) if r.get("random") is not None), None)
+        if level is not None:
+            color = container.lines[0].get_color()
+            ax.axhline(level, color=color, linestyle="--", alpha=0.7, label=f"{target}: random valid action")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -120,13 +175,22 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--data", type=Path, default=None, help="resume a previous run's data")
     p.add_argument("--report", action="store_true", help="only report --data's journals so far (no runs)")
+    p.add_argument("--redraw", type=Path, default=None, help="only redraw table and plot from a results JSON")
     args = p.parse_args()
+    if args.redraw is not None:
+        doc = json.loads(args.redraw.read_text())
+        print(table(doc["results"]))
+        plot(doc["results"], args.redraw.with_suffix(".png"))
+        return
     if args.report:
         if args.data is None:
             p.error("--report needs --data DIR")
         from flows.journal import Journal
 
-        results = {t: report_rows(Journal.load(target_settings(t, args.data, args))) for t in args.targets}
+        results = {}
+        for t in args.targets:
+            settings = target_settings(t, args.data, args)
+            results[t] = report_rows(Journal.load(settings), settings)
         write_results(args, args.data, results, wall_seconds=None)
         return
 
@@ -143,7 +207,7 @@ def main() -> None:
         for target in args.targets:
             settings = target_settings(target, data, args)
             check_settings(settings)
-            results[target] = report_rows(evolve_flow(settings=settings, base_url=url))
+            results[target] = report_rows(evolve_flow(settings=settings, base_url=url), settings)
     write_results(args, data, results, wall_seconds=time.perf_counter() - started)
 
 

@@ -12,7 +12,9 @@ For each target (one suite subset), on one embedded server:
 4. load the adapter into the server by name and evaluate the same test tasks: *after*.
 
 Reports success with 95% Wilson intervals, the paired repairs/regressions on the same test
-tasks with an exact one-sided McNemar p-value, and the cost of each phase. Without
+tasks with an exact one-sided McNemar p-value, the random valid-action policy's level on the
+same tasks with the sign test of *after* against it (the bar: beat random, then approach the
+gold path), and the cost of each phase. Without
 `--experts` only the agent's own successes are learned (the headline); with it, the suite's
 expert trajectories are added and the result says so.
 """
@@ -129,6 +131,13 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
         if repairs + regressions
         else 1.0
     )
+    levels, vs = after_result.baselines, after_result.vs_random  # the same test tasks
+    if levels is not None and levels.random is not None:
+        row["random"] = {"rate": levels.random.rate, "ci95": [round(x, 3) for x in levels.random.ci95]}
+    if levels is not None and levels.gold is not None:
+        row["gold"] = levels.gold.rate
+    if vs is not None:
+        row["after_vs_random"] = {"better": vs.better, "worse": vs.worse, "p_value": round(vs.p_value, 4)}
     row |= {
         "after": after_result.report.successes,
         "after_ci95": [round(x, 3) for x in after_result.report.ci95],
@@ -140,6 +149,16 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def _random_cell(r: dict[str, Any]) -> str:
+    rnd = r.get("random")
+    return "n/a" if rnd is None else f"{rnd['rate']:.0%} {rnd['ci95']}"
+
+
+def _vs_cell(r: dict[str, Any]) -> str:
+    vs = r.get("after_vs_random")
+    return "—" if vs is None else f"better {vs['better']} / worse {vs['worse']}, p = {vs['p_value']}"
 
 
 def main() -> None:
@@ -163,8 +182,11 @@ def main() -> None:
     with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
         for target in args.targets:
             rows.append(run_target(target, args, url, data))
-    print("\n| target | experts | before | after | gain | repairs / regressions | p |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| target | experts | before | after | gain | repairs / regressions | p | random (same tasks) "
+        "| after vs random |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         n = r["test_tasks"]
         if "after" not in r:
@@ -175,7 +197,7 @@ def main() -> None:
             f"| {r['target']} | {'yes' if r['experts_used'] else 'no'} "
             f"| {r['before']}/{n} {r['before_ci95']} "
             f"| {r['after']}/{n} {r['after_ci95']} | {r['gain_points']:+} pts | {r['repairs']} / "
-            f"{r['regressions']} | {r['mcnemar_p']} |"
+            f"{r['regressions']} | {r['mcnemar_p']} | {_random_cell(r)} | {_vs_cell(r)} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=2) + "\n")

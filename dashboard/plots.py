@@ -14,7 +14,8 @@ _PLOTTING = threading.Lock()
 
 
 def success_svg(rows: list[GenerationRow]) -> str:
-    """Success per generation per split: train (explore, sampled) and test (held-out, greedy)."""
+    """Success per generation per split: train (explore, sampled) and test (held-out, greedy),
+    with the random policy's and the gold path's levels on the test tasks."""
     series: dict[str, list[tuple[int, float, float, float]]] = {}
     test = [(r.generation, r.test_success, *r.test_ci95) for r in rows if r.test_n and r.test_ci95]
     train = [
@@ -28,9 +29,19 @@ def success_svg(rows: list[GenerationRow]) -> str:
         series["train (explore, sampled)"] = train  # type: ignore[assignment]
     if not series:
         return ""
+    levels = [r for r in rows if r.random_success is not None or r.gold_success is not None]
     with _PLOTTING:
         fig = success_figure(series, "success per generation", ylabel="success (95% CI)")
-        if len(series) == 1:
+        if levels:  # the bar the held-out line is read against: same tasks, same step budget
+            last = levels[-1]
+            ax = fig.axes[0]
+            if last.random_success is not None:
+                ax.axhline(
+                    last.random_success, color="#888888", linestyle="--", label="random valid action (test)"
+                )
+            if last.gold_success is not None:
+                ax.axhline(last.gold_success, color="#2a9d3a", linestyle=":", label="gold path (test)")
+        if len(series) == 1 or levels:
             fig.axes[0].legend()
         return _svg(fig)
 

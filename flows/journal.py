@@ -48,6 +48,11 @@ class GenerationRow:
     stages: list[str] = field(default_factory=list)
     flow_runs: dict[str, str] = field(default_factory=dict)  # stage -> Prefect flow run id
 
+    random_success: float | None = None  # the random valid-action policy on the same test tasks
+    random_ci95: tuple[float, float] | None = None
+    gold_success: float | None = None  # the suite's reference solutions on the same test tasks
+    vs_random_p: float | None = None  # one-sided sign test: the policy beats random, task by task
+
     @property
     def test_success(self) -> float | None:
         return None if not self.test_n else (self.test_successes or 0) / self.test_n
@@ -109,6 +114,14 @@ def _fill(row: GenerationRow, stage: str, s: dict[str, Any]) -> None:
         row.test_successes, row.test_n = s["successes"], s["n"]
         row.test_ci95 = tuple(s["ci95"])  # type: ignore[assignment]
         row.policy_version = s["policy_version"]
+        base = s.get("baselines") or {}  # absent in journals written before baselines were kept
+        if base.get("random"):
+            row.random_success = base["random"]["rate"]
+            row.random_ci95 = tuple(base["random"]["ci95"])  # type: ignore[assignment]
+        if base.get("gold"):
+            row.gold_success = base["gold"]["rate"]
+        if s.get("vs_random"):
+            row.vs_random_p = s["vs_random"]["p_value"]
     elif stage == "explore":
         row.explore_success = s["success_rate"]
         row.explore_ci95 = tuple(s["ci95"])  # type: ignore[assignment]
@@ -141,6 +154,8 @@ def stage_summary(out: Any) -> dict[str, Any]:
             "errors": r.errors,
             "tokens": r.prompt_tokens + r.completion_tokens,
             "policy_version": out.policy_version,
+            **({"baselines": out.baselines.summary()} if out.baselines else {}),
+            **({"vs_random": asdict(out.vs_random)} if out.vs_random else {}),
         }
     if isinstance(out, DiagnoseResult):
         return {

@@ -3,7 +3,6 @@ and skipped when a finished trajectory for the same slot is already stored (resu
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from agents.rollout import RolloutSlot, run_rollout
 from flows.progress import report
 from flows.runtime import LoopRuntime, RuntimeRef
 from ratchet import faults
+from ratchet.stats import wilson_interval
 from ratchet.types import Policy, Trajectory
 
 
@@ -92,17 +92,6 @@ class RolloutReport:
             f"{prefix}_completion_tokens": float(self.completion_tokens),
             f"{prefix}_rollout_seconds": self.rollout_seconds,
         }
-
-
-def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval for a success rate (sane at 0/n and n/n, unlike the normal one)."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def run_slots(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import mlflow
 
 from agents.actor import ActorSettings
+from agents.baselines import Baselines, VersusRandom, baselines, versus_random
 from agents.rollout import EXPERT_ROLLOUT, RolloutSlot, run_expert
 from flows import tracking
 from flows.rollouts import RolloutReport, run_slots
@@ -28,6 +29,8 @@ class StageResult:
     report: RolloutReport
     wall_seconds: float
     policy_version: str
+    baselines: Baselines | None = None  # evaluate: random and gold levels on the same tasks
+    vs_random: VersusRandom | None = None  # evaluate: the policy against random, task by task
 
 
 def derive_seed(*parts: object) -> int:
@@ -73,7 +76,30 @@ def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Spli
         seed = derive_seed("evaluate", slot.task.id, slot.rollout)  # independent of settings.seed
         return actor_settings(s, slot, s.evaluate.temperature, 0.0, seed)
 
-    return _run(rt, "evaluate", split, generation, policy, s.evaluate.rollouts_per_task, settings_for)
+    result = _run(rt, "evaluate", split, generation, policy, s.evaluate.rollouts_per_task, settings_for)
+    if s.evaluate.baseline_seeds:
+        tasks = rt.suite.tasks(split, getattr(s.splits, split))
+        result.baselines = baselines(rt.suite, tasks, s.evaluate.baseline_seeds, s.max_steps)
+        if result.baselines.random is not None:
+            result.vs_random = versus_random(result.report.by_task, result.baselines.random.by_task)
+        if mlflow.active_run() is not None:
+            _log_baselines(result, split)
+    return result
+
+
+def _log_baselines(result: StageResult, split: str) -> None:
+    """Random and gold levels beside the policy's success, and the paired test against random."""
+    b = result.baselines
+    assert b is not None
+    metrics = {}
+    for name, level in (("random", b.random), ("gold", b.gold)):
+        if level is not None:
+            metrics |= {f"{split}_{name}_success": level.rate, f"{split}_{name}_ci_low": level.ci95[0]}
+            metrics[f"{split}_{name}_ci_high"] = level.ci95[1]
+    if result.vs_random is not None:
+        metrics[f"{split}_vs_random_p_value"] = result.vs_random.p_value
+    mlflow.log_metrics(metrics)
+    tracking.log_summary(b.summary(), "baselines")
 
 
 def actor_settings(

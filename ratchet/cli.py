@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ratchet.cli_adapters import adapters_app, print_finetune
+from ratchet.cli_baselines import bar_line
 from ratchet.cli_common import (
     GLOBAL,
     ConfigOpt,
@@ -469,6 +470,9 @@ def _print_stages(settings: Settings, results: list[Any], run_id: str | None = N
             f"{r.wall_seconds:.0f}s",
         )
     console.print(table)
+    for r in results:
+        if r.baselines is not None:
+            console.print(bar_line(r.baselines, r.vs_random), soft_wrap=True)
     policy = results[0].policy_version if results else "?"
     console.print(
         f"policy {policy} · trajectories in {settings.trajectories_db}"

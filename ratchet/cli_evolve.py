@@ -10,11 +10,21 @@ from ratchet.cli_common import console
 from ratchet.config import Settings
 
 
+def versus(row: Any) -> str:
+    """Random's level on the same tasks, and whether the policy beats it (one-sided sign test)."""
+    if row.random_success is None:
+        return "—"
+    mark = "" if row.vs_random_p is None else (" ▲" if row.vs_random_p <= 0.05 else "")
+    return f"{row.random_success:.0%}{mark}"
+
+
 def print_evolution(settings: Settings, journal: Any) -> None:
     """The journal's generations as a table: held-out success, what landed, what it cost."""
     table = Table(
         "gen",
         "test [95% CI]",
+        "random",
+        "gold",
         "explore",
         "gated",
         "promoted",
@@ -32,6 +42,8 @@ def print_evolution(settings: Settings, journal: Any) -> None:
         table.add_row(
             str(row.generation),
             test,
+            versus(row),
+            "—" if row.gold_success is None else f"{row.gold_success:.0%}",
             "—" if row.explore_success is None else f"{row.explore_success:.0%}",
             str(row.candidates),
             ", ".join(row.promoted) or "—",
@@ -41,6 +53,11 @@ def print_evolution(settings: Settings, journal: Any) -> None:
             f"{row.wall_seconds / 60:.1f}",
         )
     console.print(table)
+    console.print(
+        "random: a uniformly random valid action each step, same tasks and step budget (▲: the policy "
+        "beats it, sign test p ≤ 0.05); gold: the suite's reference solutions",
+        soft_wrap=True,
+    )
     console.print(f"journal: {journal.path}", soft_wrap=True)
     console.print(f"MLflow: mlflow ui --backend-store-uri {settings.mlflow_uri}", soft_wrap=True)
     console.print("dashboard: ratchet dashboard", soft_wrap=True)

@@ -73,6 +73,12 @@ class ExploreSettings(Section):
 class EvaluateSettings(Section):
     temperature: float = Field(default=0.0, ge=0, le=2, description="0 = greedy")
     rollouts_per_task: int = Field(default=1, ge=1)
+    baseline_seeds: int = Field(
+        default=5,
+        ge=0,
+        description="episodes per test task of the random valid-action policy, reported beside every "
+        "test success with the gold path (no model: seconds); 0 = off",
+    )
 
 
 class TeacherSettings(Section):

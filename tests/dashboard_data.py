@@ -63,7 +63,17 @@ def build(data_dir: Path) -> Built:
     journal.record(1, "explore", _evaluate(6, 20, [0.15, 0.52], 90_000, "2f009f55bc1f"), 300.0, "f-1-explore")
     verify = {"champion": "2f009f55bc1f", "verified": ["take-coin-first"], "promoted": [], "rejected": ["x"]}
     journal.record(1, "verify", verify | {"verify_candidates": 2}, 200.0, "f-1-verify")
-    journal.record(1, "evaluate", _evaluate(5, 10, [0.24, 0.76], 28_000, "2f009f55bc1f"), 110.0, "f-1-eval")
+    levels = {
+        "baselines": {
+            "seeds": 5,
+            "random": {"rate": 0.42, "ci95": [0.19, 0.69], "tasks": 10, "rollouts": 50, "by_task": {}},
+            "gold": {"rate": 0.9, "ci95": [0.6, 0.98], "tasks": 10, "rollouts": 10, "by_task": {}},
+        },
+        "vs_random": {"better": 1, "worse": 4, "ties": 5, "p_value": 0.97},
+    }
+    journal.record(
+        1, "evaluate", _evaluate(5, 10, [0.24, 0.76], 28_000, "2f009f55bc1f") | levels, 110.0, "f-1-eval"
+    )
 
     for generation in (0, 1):
         with tracking.generation_run(settings, generation):

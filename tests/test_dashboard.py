@@ -35,6 +35,11 @@ def test_overview_shows_generations_with_plots_and_links(client: TestClient, bui
     assert len(gens) == 2
     assert "1/10 = 10%" in gens[0] and "5/10 = 50%" in gens[1] and "30%" in gens[1]  # test; train
     assert "<svg" in html.split('id="success-plot"')[1][:400]
+    # every success rate beside the random policy's and the gold path's on the same tasks
+    assert '<td class="random">42%</td>' in gens[1] and '<td class="gold">90%</td>' in gens[1]
+    assert '<td class="random">—</td>' in gens[0]  # a journal from before baselines were kept
+    plot = html.split('id="success-plot"')[1].split("</svg>")[0]
+    assert "random valid action (test)" in plot and "gold path (test)" in plot
     assert "<svg" in html.split('id="cost-plot"')[1][:400]
     # the generation's own MLflow run, at the configured UI
     mlflow_links = re.findall(r'class="mlflow" href="([^"]+)"', html)
