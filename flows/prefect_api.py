@@ -16,12 +16,8 @@ from __future__ import annotations
 import os
 import time
 
-from ratchet.errors import RatchetError
+from ratchet.errors import PrefectStartError
 from ratchet.runtime_env import PREFECT_STARTUP_TIMEOUT_S
-
-
-class PrefectStartError(RatchetError):
-    """Prefect's ephemeral API server did not come up."""
 
 
 def start_prefect_api() -> float:

@@ -59,5 +59,9 @@ class AdapterStateError(RatchetError):
     """A registry change that is not allowed (unknown version, wrong status, lost a race)."""
 
 
+class PrefectStartError(RatchetError):
+    """Prefect's ephemeral API server did not come up."""
+
+
 class StateFileError(RatchetError):
     """A state file under the data dir (audit log, trajectory DB, journal) is damaged."""

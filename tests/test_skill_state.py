@@ -19,20 +19,13 @@ import pytest
 from ratchet.errors import SkillFileError, StateFileError
 from skills.format import FILE, Skill, write_files
 from skills.library import AUDIT, SkillLibrary
+from tests.test_skills import _skill as skill
 
 
 def _skill(name: str = "take-coin", body: str = "1. take the coin when you see it", **kw) -> Skill:
-    fields = dict(
-        name=name,
-        description="Take a coin when one is in sight.",
-        body=body,
-        kind="procedure",
-        family="textworld-express:coin",
-        evolution="e",
-        generation=0,
-        provenance=["t1"],
+    return skill(
+        name=name, body=body, description="Take a coin when one is in sight.", provenance=["t1"], **kw
     )
-    return Skill(**(fields | kw))
 
 
 @pytest.fixture
