@@ -25,10 +25,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.runtime import Runtime
 
-from agents.prompts import system_prompt, task_prompt
+from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
 from ratchet.types import TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
-from suites.base import ActionError, Episode, StepResult
+from ratchet.suites.base import ActionError, Episode, StepResult
 
 
 class ToolRunner(Protocol):

@@ -25,8 +25,8 @@ from typing import Any
 
 from ratchet.stats import wilson_interval
 from ratchet.types import Task
-from skills.intervention import binomial_p_value
-from suites.base import ActionError, Suite
+from ratchet.skills.intervention import binomial_p_value
+from ratchet.suites.base import ActionError, Suite
 
 
 @dataclass(frozen=True)

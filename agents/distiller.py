@@ -23,10 +23,10 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
 
-from agents.structured import ask_json
+from ratchet.agents.structured import ask_json
 from ratchet.types import Diagnosis, FailureMode
-from skills.mining import Pattern
-from skills.screen import Screen
+from ratchet.skills.mining import Pattern
+from ratchet.skills.screen import Screen
 
 WRITER_SYSTEM = (
     "You write short, reusable skills for an agent, from statistics about its own attempts. "

@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state, join_options
-from agents.model import is_transient
-from agents.prompts import system_prompt, task_prompt
+from ratchet.agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state, join_options
+from ratchet.agents.model import is_transient
+from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.types import Policy, PromptRecord, SkillText, Step, Task, Trajectory, trajectory_id
-from suites.base import ActionError, Suite
+from ratchet.suites.base import ActionError, Suite
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
 from pydantic import BaseModel, ValidationError
 
-from agents.model import is_transient
+from ratchet.agents.model import is_transient
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

@@ -26,13 +26,13 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
 
-from agents.structured import ask_json
+from ratchet.agents.structured import ask_json
 from ratchet.errors import RatchetError
-from skills.format import ToolSource
-from skills.mining import Pattern
-from skills.sandbox import run_tool, validate_tool_code
-from skills.screen import Screen
-from skills.toolbox import TASK_ARG
+from ratchet.skills.format import ToolSource
+from ratchet.skills.mining import Pattern
+from ratchet.skills.sandbox import run_tool, validate_tool_code
+from ratchet.skills.screen import Screen
+from ratchet.skills.toolbox import TASK_ARG
 
 CODE_MAX = 4000
 TOOLSMITH_SYSTEM = (

@@ -70,7 +70,7 @@ TOPICS = [
 
 
 def irrelevant_skills(n: int, family: str) -> list:
-    from skills.format import Skill
+    from ratchet.skills.format import Skill
 
     out = []
     for i in range(n):
@@ -101,7 +101,7 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
 
 def install_champion(settings: Any, adapter_dir: Path) -> None:
     """Make a trained LoRA adapter the champion (as a person would promote it), once."""
-    from training.registry import AdapterRegistry
+    from ratchet.training.registry import AdapterRegistry
 
     registry = AdapterRegistry(settings)
     if registry.champion() is not None:
@@ -123,9 +123,9 @@ def run_aa(
     adapter: Path | None = None,
 ) -> dict:
     """Gate `gates` irrelevant candidates against the base policy; the summary of what passed."""
-    from flows.launch import run_flow
-    from flows.runtime import open_library
-    from flows.verify import verify_flow
+    from ratchet.flows.launch import run_flow
+    from ratchet.flows.runtime import open_library
+    from ratchet.flows.verify import verify_flow
     from ratchet.config import load_settings
     from ratchet.runtime_env import prepare_environment
 
@@ -187,8 +187,8 @@ def run_aa(
 
 def _baseline_successes(settings: Any) -> list[int]:
     """[successes, tasks] of the champion's shared baseline arm on the dev split."""
-    from flows.verify import BASELINE
-    from memory.trajectory_store import open_store
+    from ratchet.flows.verify import BASELINE
+    from ratchet.memory.trajectory_store import open_store
 
     store = open_store(settings.trajectories_db)
     try:

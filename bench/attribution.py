@@ -34,10 +34,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents.actor import join_options  # noqa: E402
-from diagnosis.attribution import SuccessTree  # noqa: E402
+from ratchet.agents.actor import join_options  # noqa: E402
+from ratchet.diagnosis.attribution import SuccessTree  # noqa: E402
 from ratchet.types import Attribution, Step, Task, ToolCall, Trajectory  # noqa: E402
-from suites.base import ActionError, Episode  # noqa: E402
+from ratchet.suites.base import ActionError, Episode  # noqa: E402
 
 SETTINGS = ("all", "leave-out")
 METHODS = ("shipped", "prefix")
@@ -240,7 +240,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="rng seed for the injected actions")
     args = p.parse_args()
 
-    from suites.textworld_express import TextWorldExpressSuite
+    from ratchet.suites.textworld_express import TextWorldExpressSuite
 
     games = [g.strip() for g in args.games.split(",") if g.strip()]
     rng = random.Random(args.seed)

@@ -106,10 +106,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/baseline*.json)")
     args = p.parse_args()
 
-    from agents.baselines import baselines
+    from ratchet.agents.baselines import baselines
     from ratchet.config import load_settings
     from ratchet.runtime_env import prepare_environment
-    from suites import get_suite
+    from ratchet.suites import get_suite
 
     data = Path(tempfile.mkdtemp(prefix="ratchet-baseline-"))
     rows = []
@@ -135,9 +135,9 @@ def main() -> None:
             suite.close()
             rows.append(row_for(target, levels, None, None, time.perf_counter() - started))
     else:
-        from flows.evaluate import evaluate
-        from flows.launch import run_flow
-        from server.launcher import EmbeddedServer
+        from ratchet.flows.evaluate import evaluate
+        from ratchet.flows.launch import run_flow
+        from ratchet.server.launcher import EmbeddedServer
 
         with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
             for target in args.targets:

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:
-    from flows.journal import Journal
+    from ratchet.flows.journal import Journal
     from ratchet.config import Settings
 
 
@@ -92,9 +92,9 @@ def report_rows(journal: Journal, settings: Settings | None = None) -> list[dict
 def random_levels(settings: Settings, rows: list[Any]) -> dict[int, dict[str, Any]]:
     """Random and gold on the evolution's test tasks, and each generation's sign test against
     random from its stored test trajectories (no model: seconds)."""
-    from agents.baselines import baselines, versus_random
-    from memory.trajectory_store import open_store
-    from suites import get_suite
+    from ratchet.agents.baselines import baselines, versus_random
+    from ratchet.memory.trajectory_store import open_store
+    from ratchet.suites import get_suite
 
     suite = get_suite(settings.suite)
     try:
@@ -141,7 +141,7 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
-    from flows.tracking import success_figure
+    from ratchet.flows.tracking import success_figure
 
     evaluated = {t: [r for r in rows if r["n"]] for t, rows in results.items()}
     series = {
@@ -185,7 +185,7 @@ def main() -> None:
     if args.report:
         if args.data is None:
             p.error("--report needs --data DIR")
-        from flows.journal import Journal
+        from ratchet.flows.journal import Journal
 
         results = {}
         for t in args.targets:
@@ -195,14 +195,14 @@ def main() -> None:
         return
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry attempts
-    from server.launcher import EmbeddedServer
+    from ratchet.server.launcher import EmbeddedServer
 
     data = args.data or Path(tempfile.mkdtemp(prefix="ratchet-evolve-gain-"))
     print(f"data: {data}", flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.perf_counter()
     with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
-        from flows.evolve import check_settings, evolve_flow
+        from ratchet.flows.evolve import check_settings, evolve_flow
 
         for target in args.targets:
             settings = target_settings(target, data, args)

@@ -4,7 +4,7 @@ a plain thread pool, interleaved in one run against one embedded server.
     .venv/bin/python bench/explore_overhead.py [--tasks 8] [--rounds 2] [--max-steps 6]
 
 Both paths play the same slots with the same seeds and concurrency and write to the same
-store; only the orchestration differs. Goal (issue 2): Prefect >= 0.9x the plain loop.
+store; only the orchestration differs. Goal: Prefect >= 0.9x the plain loop.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ def main() -> None:
     from prefect import flow
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    from agents.actor import ActorSettings
-    from agents.rollout import RolloutSlot, run_rollout
-    from flows.rollouts import run_slots
-    from flows.runtime import open_runtime
-    from flows.stages import derive_seed
+    from ratchet.agents.actor import ActorSettings
+    from ratchet.agents.rollout import RolloutSlot, run_rollout
+    from ratchet.flows.rollouts import run_slots
+    from ratchet.flows.runtime import open_runtime
+    from ratchet.flows.stages import derive_seed
 
     with open_runtime(settings) as rt:
         tasks = rt.suite.tasks("train", args.tasks)

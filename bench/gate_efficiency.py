@@ -25,7 +25,7 @@ from scipy.stats import beta
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from skills.intervention import (  # noqa: E402
+from ratchet.skills.intervention import (  # noqa: E402
     GateConfig,
     PairedOutcome,
     binomial_p_value,

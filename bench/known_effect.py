@@ -42,9 +42,9 @@ def run_known_effects(
     from prefect import flow
 
     from bench.aa_gate import install_champion
-    from flows.launch import run_flow
-    from flows.runtime import model_policy, open_runtime
-    from flows.verify import gate_evidence, run_gates
+    from ratchet.flows.launch import run_flow
+    from ratchet.flows.runtime import model_policy, open_runtime
+    from ratchet.flows.verify import gate_evidence, run_gates
     from ratchet.config import Settings, load_settings
 
     data = data_dir or Path(tempfile.mkdtemp(prefix="ratchet-known-"))

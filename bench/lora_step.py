@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def _batch(n: int) -> list:  # type: ignore[type-arg]
-    from agents.rollout import RolloutSlot, run_expert
-    from suites import get_suite
-    from training.dataset import build_dataset
+    from ratchet.agents.rollout import RolloutSlot, run_expert
+    from ratchet.suites import get_suite
+    from ratchet.training.dataset import build_dataset
 
     suite = get_suite("textworld-express:coin")
     try:
@@ -53,8 +53,8 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
     import torch
 
     from ratchet.config import load_settings
-    from server.weights import ensure_hf_copy
-    from training.lora import accumulate, collate, encode_all, load_for_training
+    from ratchet.server.weights import ensure_hf_copy
+    from ratchet.training.lora import accumulate, collate, encode_all, load_for_training
 
     cfg = load_settings({}).finetune.lora
     model, tok = load_for_training(ensure_hf_copy(ROOT / ".ratchet" / "models"), cfg)

@@ -193,8 +193,8 @@ def _ms(samples: list[float]) -> dict[str, float]:
 def bench_size(n: int, queries: list[str], root: Path, k: int, budget: int) -> dict[str, object]:
     from rich.progress import Progress
 
-    from memory.retrieval import SkillRetriever
-    from memory.vector_index import VectorIndex, embed
+    from ratchet.memory.retrieval import SkillRetriever
+    from ratchet.memory.vector_index import VectorIndex, embed
 
     skills = make_skills(n)
     path = root / f"skills-{n}"

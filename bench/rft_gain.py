@@ -37,15 +37,15 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
     from prefect import flow
     from scipy.stats import binomtest
 
-    from flows.finetune import training_dataset
-    from flows.launch import run_flow
-    from flows.runtime import open_runtime
-    from flows.stages import evaluate_stage, explore_stage
+    from ratchet.flows.finetune import training_dataset
+    from ratchet.flows.launch import run_flow
+    from ratchet.flows.runtime import open_runtime
+    from ratchet.flows.stages import evaluate_stage, explore_stage
     from ratchet.config import load_settings
     from ratchet.runtime_env import prepare_environment
-    from server.launcher import ensure_adapter
-    from training.lora import fit_adapter
-    from training.registry import adapter_sha256
+    from ratchet.server.launcher import ensure_adapter
+    from ratchet.training.lora import fit_adapter
+    from ratchet.training.registry import adapter_sha256
 
     settings = load_settings(
         {
@@ -175,7 +175,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rft_gain.json")
     args = p.parse_args()
 
-    from server.launcher import EmbeddedServer
+    from ratchet.server.launcher import EmbeddedServer
 
     data = args.data or Path(tempfile.mkdtemp(prefix="ratchet-rft-"))  # a rerun with --data resumes
     rows = []

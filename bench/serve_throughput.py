@@ -5,7 +5,7 @@ and noisy: compare ratios, not absolute numbers).
     .venv/bin/python bench/serve_throughput.py [--tokens 96] [--rounds 3]
 
 Every request generates exactly --tokens tokens (`ignore_eos`), greedy, from distinct prompts.
-Goals (issue 2): 8 concurrent >= 3x one request, and >= 0.8x raw batched generate at batch 8.
+Goals: 8 concurrent >= 3x one request, and >= 0.8x raw batched generate at batch 8.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from server.launcher import EmbeddedServer  # noqa: E402
-from server.weights import BASE_MODEL_NAME, ensure_hf_copy  # noqa: E402
+from ratchet.server.launcher import EmbeddedServer  # noqa: E402
+from ratchet.server.weights import BASE_MODEL_NAME, ensure_hf_copy  # noqa: E402
 
 PROMPTS = [f"Write a long story about robot number {i} who learns to cook." for i in range(8)]
 

@@ -25,7 +25,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from server.launcher import EmbeddedServer  # noqa: E402
+from ratchet.server.launcher import EmbeddedServer  # noqa: E402
 
 
 def throughput(url: str, n: int = 8, tokens: int = 48, rounds: int = 2) -> float:

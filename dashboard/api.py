@@ -14,11 +14,11 @@ from typing import Any, Literal
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
-from dashboard.hosts import LoopbackOnly
-from flows.runtime import champion_policy, open_library
+from ratchet.dashboard.hosts import LoopbackOnly
+from ratchet.flows.runtime import champion_policy, open_library
 from ratchet.config import Settings
 from ratchet.errors import SkillFileError, SkillStateError
-from skills.library import SkillLibrary
+from ratchet.skills.library import SkillLibrary
 
 Action = Literal["promote", "reject", "retire", "rollback"]
 TARGET = {"promote": "promoted", "reject": "rejected", "retire": "retired"}

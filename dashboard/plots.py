@@ -6,8 +6,8 @@ import io
 import threading
 from typing import Any
 
-from flows.journal import GenerationRow
-from flows.tracking import pyplot, success_figure
+from ratchet.flows.journal import GenerationRow
+from ratchet.flows.tracking import pyplot, success_figure
 
 # pyplot keeps global state and the server renders pages on a thread pool: one figure at a time.
 _PLOTTING = threading.Lock()

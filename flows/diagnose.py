@@ -18,13 +18,13 @@ import mlflow
 from prefect import flow, task
 from prefect.futures import as_completed
 
-from agents.diagnoser import build_diagnoser, diagnose
-from diagnosis.clusters import FailureCluster, cluster_diagnoses
-from flows import tracking
-from flows.progress import report
-from flows.rollouts import MODEL_CALL
-from flows.runtime import LoopRuntime, open_runtime
-from memory.vector_index import VectorIndex
+from ratchet.agents.diagnoser import build_diagnoser, diagnose
+from ratchet.diagnosis.clusters import FailureCluster, cluster_diagnoses
+from ratchet.flows import tracking
+from ratchet.flows.progress import report
+from ratchet.flows.rollouts import MODEL_CALL
+from ratchet.flows.runtime import LoopRuntime, open_runtime
+from ratchet.memory.vector_index import VectorIndex
 from ratchet import faults
 from ratchet.config import Settings
 from ratchet.types import FAILURE_MODES, Diagnosis, Trajectory

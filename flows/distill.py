@@ -23,19 +23,19 @@ from typing import Any
 import mlflow
 from prefect import flow, task
 
-from agents.distiller import GuardrailJob, ProcedureJob, build_distiller, render_body, slug
-from agents.toolsmith import FunctionJob, MacroJob, build_toolsmith
-from diagnosis.attribution import action_path
-from flows import tracking
-from flows.progress import report
-from flows.rollouts import MODEL_CALL
-from flows.runtime import LoopRuntime, open_runtime
+from ratchet.agents.distiller import GuardrailJob, ProcedureJob, build_distiller, render_body, slug
+from ratchet.agents.toolsmith import FunctionJob, MacroJob, build_toolsmith
+from ratchet.diagnosis.attribution import action_path
+from ratchet.flows import tracking
+from ratchet.flows.progress import report
+from ratchet.flows.rollouts import MODEL_CALL
+from ratchet.flows.runtime import LoopRuntime, open_runtime
 from ratchet.config import Settings
 from ratchet.types import Trajectory
-from skills.format import Skill, render
-from skills.library import AddResult
-from skills.mining import mine_patterns
-from skills.screen import Screen
+from ratchet.skills.format import Skill, render
+from ratchet.skills.library import AddResult
+from ratchet.skills.mining import mine_patterns
+from ratchet.skills.screen import Screen
 
 
 @dataclass

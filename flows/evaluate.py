@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows import tracking
-from flows.runtime import open_runtime
-from flows.stages import StageResult, evaluate_stage
+from ratchet.flows import tracking
+from ratchet.flows.runtime import open_runtime
+from ratchet.flows.stages import StageResult, evaluate_stage
 from ratchet.config import Settings
 
 

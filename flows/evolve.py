@@ -22,16 +22,16 @@ from typing import Any
 
 from prefect import flow
 
-from flows import tracking
-from flows.diagnose import diagnose_flow
-from flows.distill import distill_flow
-from flows.evaluate import evaluate
-from flows.explore import explore
-from flows.finetune import finetune_flow
-from flows.journal import Journal, stage_summary
-from flows.launch import task_runner
-from flows.runtime import model_endpoint, preflight
-from flows.verify import verify_flow
+from ratchet.flows import tracking
+from ratchet.flows.diagnose import diagnose_flow
+from ratchet.flows.distill import distill_flow
+from ratchet.flows.evaluate import evaluate
+from ratchet.flows.explore import explore
+from ratchet.flows.finetune import finetune_flow
+from ratchet.flows.journal import Journal, stage_summary
+from ratchet.flows.launch import task_runner
+from ratchet.flows.runtime import model_endpoint, preflight
+from ratchet.flows.verify import verify_flow
 from ratchet import faults
 from ratchet.config import Settings, settings_from
 

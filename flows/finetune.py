@@ -29,17 +29,17 @@ from typing import Literal
 import mlflow
 from prefect import flow
 
-from flows import progress, tracking
-from flows.runtime import LoopRuntime, check_dev_size, open_runtime
-from flows.verify import gate_evidence, run_gates
+from ratchet.flows import progress, tracking
+from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
+from ratchet.flows.verify import gate_evidence, run_gates
 from ratchet import faults
 from ratchet.config import Settings
 from ratchet.files import write_text_atomic
 from ratchet.hashing import content_hash
-from server.launcher import ensure_adapter
-from skills.intervention import GateDecision
-from training.dataset import Dataset, build_dataset
-from training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
+from ratchet.server.launcher import ensure_adapter
+from ratchet.skills.intervention import GateDecision
+from ratchet.training.dataset import Dataset, build_dataset
+from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
 
 Action = Literal["skipped", "exported", "trained", "reused"]
 
@@ -121,7 +121,7 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
 def _train(
     rt: LoopRuntime, registry: AdapterRegistry, data: Dataset, who: str
 ) -> tuple[AdapterVersion, float]:
-    from training.lora import fit_adapter  # torch and peft load only when training
+    from ratchet.training.lora import fit_adapter  # torch and peft load only when training
 
     s = rt.settings
     cfg = s.finetune.lora

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from prefect import flow
 
-from flows import tracking
-from flows.diagnose import DiagnoseResult, diagnose_stage
-from flows.distill import DistillResult, distill_stage
-from flows.runtime import open_runtime
-from flows.stages import StageResult, evaluate_stage, explore_stage
+from ratchet.flows import tracking
+from ratchet.flows.diagnose import DiagnoseResult, diagnose_stage
+from ratchet.flows.distill import DistillResult, distill_stage
+from ratchet.flows.runtime import open_runtime
+from ratchet.flows.stages import StageResult, evaluate_stage, explore_stage
 from ratchet.config import Settings
 
 

@@ -138,11 +138,11 @@ def _fill(row: GenerationRow, stage: str, s: dict[str, Any]) -> None:
 def stage_summary(out: Any) -> dict[str, Any]:
     """A stage's result as plain JSON: what the table, the dashboard and a person need."""
     # the stages' modules import Prefect: reading a journal (a preflight check) must not
-    from flows.diagnose import DiagnoseResult
-    from flows.distill import DistillResult
-    from flows.finetune import FinetuneResult
-    from flows.stages import StageResult
-    from flows.verify import VerifyResult
+    from ratchet.flows.diagnose import DiagnoseResult
+    from ratchet.flows.distill import DistillResult
+    from ratchet.flows.finetune import FinetuneResult
+    from ratchet.flows.stages import StageResult
+    from ratchet.flows.verify import VerifyResult
 
     if isinstance(out, StageResult):
         r = out.report

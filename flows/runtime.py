@@ -17,24 +17,24 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 
-from agents.actor import build_actor
-from agents.model import chat_model
-from flows.tracking import audit_logger
-from memory.retrieval import SkillRetriever
-from memory.trajectory_store import TrajectoryStore, open_store
-from memory.vector_index import VectorIndex
+from ratchet.agents.actor import build_actor
+from ratchet.agents.model import chat_model
+from ratchet.flows.tracking import audit_logger
+from ratchet.memory.retrieval import SkillRetriever
+from ratchet.memory.trajectory_store import TrajectoryStore, open_store
+from ratchet.memory.vector_index import VectorIndex
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, EndpointError
 from ratchet.files import read_jsonl
 from ratchet.runtime_env import prepare_environment
 from ratchet.types import Policy
-from server.launcher import EmbeddedServer, check_endpoint, check_port_free, ensure_adapter
-from server.weights import BASE_MODEL_NAME, shipped_gguf
-from skills.format import Skill
-from skills.library import AUDIT, AuditRecord, SkillLibrary
-from skills.toolbox import Toolbox
-from suites import Suite, get_suite
-from training.registry import AdapterRegistry, AdapterVersion
+from ratchet.server.launcher import EmbeddedServer, check_endpoint, check_port_free, ensure_adapter
+from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf
+from ratchet.skills.format import Skill
+from ratchet.skills.library import AUDIT, AuditRecord, SkillLibrary
+from ratchet.skills.toolbox import Toolbox
+from ratchet.suites import Suite, get_suite
+from ratchet.training.registry import AdapterRegistry, AdapterVersion
 
 
 @dataclass
@@ -217,7 +217,7 @@ def check_dev_size(s: Settings, dev: dict[str, int]) -> None:
 
 def check_state_files(settings: Settings) -> None:
     """Read what earlier runs left (never creating anything): a damaged file is one line now."""
-    from flows.journal import Journal
+    from ratchet.flows.journal import Journal
 
     Journal.load(settings)
     if settings.trajectories_db.is_file():

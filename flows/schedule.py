@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flows.evolve import evolve_flow
-from flows.promote import promote_flow
+from ratchet.flows.evolve import evolve_flow
+from ratchet.flows.promote import promote_flow
 
 NIGHTLY = "0 2 * * *"
 

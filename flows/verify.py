@@ -27,16 +27,16 @@ from typing import Any
 import mlflow
 from prefect import flow
 
-from agents.actor import ActorSettings
-from agents.rollout import RolloutSlot
-from flows import tracking
-from flows.rollouts import play
-from flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
-from flows.stages import actor_settings, derive_seed
+from ratchet.agents.actor import ActorSettings
+from ratchet.agents.rollout import RolloutSlot
+from ratchet.flows import tracking
+from ratchet.flows.rollouts import play
+from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
+from ratchet.flows.stages import actor_settings, derive_seed
 from ratchet.config import Settings
 from ratchet.types import Policy, Task
-from skills.format import Skill
-from skills.intervention import GateConfig, GateDecision, PairedOutcome, sequential_gate
+from ratchet.skills.format import Skill
+from ratchet.skills.intervention import GateConfig, GateDecision, PairedOutcome, sequential_gate
 
 BASELINE = "baseline"
 

@@ -1,6 +1,6 @@
 """Memory: the trajectory store (SQLite now, Postgres later), vector index and retrieval."""
 
-from memory.trajectory_store import (
+from ratchet.memory.trajectory_store import (
     SQLiteTrajectoryStore,
     TrajectoryStore,
     TrajectorySummary,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memory.vector_index import DIM, VectorIndex, embed
+from ratchet.memory.vector_index import DIM, VectorIndex, embed
 from ratchet.types import SkillText
 
 __all__ = ["SkillRetriever", "estimate_tokens", "skill_document"]

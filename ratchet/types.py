@@ -1,4 +1,4 @@
-"""The loop's vocabulary as data: Task, Step, Trajectory, Policy (see shared/DESIGN.md).
+"""The loop's vocabulary as data: Task, Step, Trajectory, Policy (see docs/vocabulary.md).
 
 These are the boundary types every layer speaks. They are pydantic models so they
 serialize to JSON (trajectory store, MLflow artifacts, JSONL export) without glue.
@@ -130,7 +130,7 @@ def trajectory_id(evolution: str, generation: int, task_id: str, rollout: int, a
 
 
 class SkillText(BaseModel):
-    """The part of a skill the policy needs at run time: its rendered text (format: issue 3)."""
+    """The part of a skill the policy needs at run time: its rendered text."""
 
     model_config = ConfigDict(frozen=True)
 

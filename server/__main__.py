@@ -1,4 +1,4 @@
-"""`python -m server`: run the embedded model server in the foreground (what `ratchet serve` runs)."""
+"""`python -m ratchet.server`: run the embedded model server in the foreground (what `ratchet serve` runs)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m server")
+    p = argparse.ArgumentParser(prog="python -m ratchet.server")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--models-dir", type=Path, required=True)
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
 
-    from server.launcher import check_port_free
+    from ratchet.server.launcher import check_port_free
 
     try:
         check_port_free(args.host, args.port)
@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from server.app import create_app
-    from server.engine import Engine
-    from server.weights import BASE_MODEL_NAME, ensure_hf_copy
+    from ratchet.server.app import create_app
+    from ratchet.server.engine import Engine
+    from ratchet.server.weights import BASE_MODEL_NAME, ensure_hf_copy
 
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

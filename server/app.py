@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP API over the Engine: the embedded default model server.
 
-Why not `transformers serve`: measured on this stack (shared/STACK-NOTES.md) it ignores
+Why not `transformers serve`: measured on this stack it ignores
 `response_format` and `tool_choice` and emits no `tool_calls` for this model, and the
 135M model emits almost no valid actions unconstrained. So this server renders tools into
 the prompt itself and constrains the output with xgrammar:
@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.engine import AdapterError, Engine, GenRequest, GenResult
+from ratchet.server.engine import AdapterError, Engine, GenRequest, GenResult
 
 
 class ChatRequest(BaseModel):

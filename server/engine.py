@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from server.prefix_cache import PrefixCache
+from ratchet.server.prefix_cache import PrefixCache
 
 log = logging.getLogger("ratchet.server")
 

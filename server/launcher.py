@@ -126,7 +126,7 @@ class EmbeddedServer:
                 [
                     sys.executable,
                     "-m",
-                    "server",
+                    "ratchet.server",
                     "--host",
                     self.host,
                     "--port",

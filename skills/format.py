@@ -31,7 +31,7 @@ SkillKind = Literal["procedure", "guardrail", "tool"]
 SkillStatus = Literal["candidate", "verified", "promoted", "retired", "rejected"]
 ToolKind = Literal["macro", "function"]
 
-# The only moves a skill's status can make (shared/DESIGN.md); `verified → rejected` is the
+# The only moves a skill's status can make; `verified → rejected` is the
 # set-level check catching candidates that conflict, or a person saying no.
 TRANSITIONS: dict[str, frozenset[str]] = {
     "candidate": frozenset({"verified", "rejected"}),

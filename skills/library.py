@@ -44,11 +44,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from memory.vector_index import VectorIndex
+from ratchet.memory.vector_index import VectorIndex
 from ratchet import faults
 from ratchet.errors import SkillFileError, SkillStateError
 from ratchet.files import append_line, read_jsonl
-from skills.format import FILE, TRANSITIONS, Skill, SkillKind, SkillStatus, load, render, write_files
+from ratchet.skills.format import FILE, TRANSITIONS, Skill, SkillKind, SkillStatus, load, render, write_files
 
 AUDIT = "audit.jsonl"
 MERGE_SIMILARITY = 0.92

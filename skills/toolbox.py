@@ -27,9 +27,9 @@ from fastmcp.tools.base import ToolResult
 
 from ratchet.errors import RatchetError
 from ratchet.types import ToolCall, ToolSpec
-from skills.format import Skill
-from skills.sandbox import run_tool
-from suites.base import ActionError
+from ratchet.skills.format import Skill
+from ratchet.skills.sandbox import run_tool
+from ratchet.suites.base import ActionError
 
 TASK_ARG = "task"
 

@@ -4,7 +4,7 @@ A suite is a plug-in registered under the entry-point group `ratchet.suites`
 (see `suites.registry`); the two shipped here are ordinary plug-ins too.
 """
 
-from suites.base import ActionError, Episode, StepResult, Suite
-from suites.registry import available_suites, get_suite
+from ratchet.suites.base import ActionError, Episode, StepResult, Suite
+from ratchet.suites.registry import available_suites, get_suite
 
 __all__ = ["ActionError", "Episode", "StepResult", "Suite", "available_suites", "get_suite"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint, entry_points
 
 from ratchet.errors import UnknownSuiteError
-from suites.base import Suite
+from ratchet.suites.base import Suite
 
 GROUP = "ratchet.suites"
 

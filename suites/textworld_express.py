@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.errors import EnvironmentMissingError
 from ratchet.types import Split, Task, ToolCall, ToolSpec
-from suites.base import ActionError, Episode, StepResult, Suite
+from ratchet.suites.base import ActionError, Episode, StepResult, Suite
 
 if TYPE_CHECKING:
     from textworld_express import TextWorldExpressEnv
 
 MIN_JAVA = 17
 
-# Small, learnable settings per game (shared/STACK-NOTES.md, "First baselines").
+# Small, learnable settings per game.
 GAME_PARAMS: dict[str, str] = {
     "coin": "numLocations=4,numDistractorItems=0,includeDoors=0,limitInventorySize=0",
     "mapreader": (

@@ -45,13 +45,13 @@ def _no_real_model_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: py
     def refuse(*args: object, **kwargs: object) -> None:
         raise RuntimeError("unit test reached the real model server: mark it @pytest.mark.integration")
 
-    monkeypatch.setattr("server.launcher.EmbeddedServer.start", refuse)
+    monkeypatch.setattr("ratchet.server.launcher.EmbeddedServer.start", refuse)
 
 
 @pytest.fixture(scope="session")
 def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One real embedded server (SmolLM2-135M) for the whole test session; yields its base URL."""
-    from server.launcher import EmbeddedServer
+    from ratchet.server.launcher import EmbeddedServer
 
     server = EmbeddedServer(TEST_MODELS, tmp_path_factory.mktemp("server-logs"))
     url = server.start()
@@ -61,7 +61,7 @@ def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def base_model_dir(embedded_server: str) -> Path:
-    from server.weights import BASE_MODEL_NAME
+    from ratchet.server.weights import BASE_MODEL_NAME
 
     return TEST_MODELS / BASE_MODEL_NAME
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import mlflow
 
-from flows import tracking
-from flows.journal import Journal
-from flows.runtime import open_library
-from memory.trajectory_store import open_store
+from ratchet.flows import tracking
+from ratchet.flows.journal import Journal
+from ratchet.flows.runtime import open_library
+from ratchet.memory.trajectory_store import open_store
 from ratchet.config import Settings, load_settings
-from skills.format import Skill
+from ratchet.skills.format import Skill
 from tests.factories import traj
 
 GATE = {

@@ -62,7 +62,7 @@ def traj(
 
 def add_verified(library: Any, name: str, body: str, family: str = "reasoning-gym:chain_sum") -> None:
     """File a procedure and pass it through the gate by hand (for tests of what comes after)."""
-    from skills.format import Skill
+    from ratchet.skills.format import Skill
 
     skill = Skill(
         name=name,

@@ -6,12 +6,12 @@ import httpx
 import openai
 import pytest
 
-from agents.actor import ActorSettings, build_actor
-from agents.prompts import render_skills
-from agents.rollout import RolloutSlot, run_rollout
-from agents.testing import ScriptedChatModel, call
+from ratchet.agents.actor import ActorSettings, build_actor
+from ratchet.agents.prompts import render_skills
+from ratchet.agents.rollout import RolloutSlot, run_rollout
+from ratchet.agents.testing import ScriptedChatModel, call
 from ratchet.types import Policy, SkillText, Task, ToolCall, ToolSpec
-from suites.base import ActionError, Episode, StepResult, Suite
+from ratchet.suites.base import ActionError, Episode, StepResult, Suite
 
 
 class Counter(Episode):
@@ -234,7 +234,7 @@ def test_options_are_shown_with_the_latest_observation_only():
 
 
 def test_history_is_trimmed_in_blocks_so_prompts_extend_each_other():
-    from agents.actor import history_start
+    from ratchet.agents.actor import history_start
 
     starts = [history_start(n, 10) for n in range(0, 31)]
     assert starts[:11] == [0] * 11
@@ -253,7 +253,7 @@ class PlanRunner:
 
     def call(self, name, args, task):  # type: ignore[no-untyped-def]
         if self.plan is None:
-            from skills.toolbox import ToolFailure
+            from ratchet.skills.toolbox import ToolFailure
 
             raise ToolFailure("tool timed out after 5.0 s")
         return self.plan

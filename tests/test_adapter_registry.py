@@ -10,7 +10,7 @@ import pytest
 
 from ratchet.config import load_settings
 from ratchet.errors import AdapterError, AdapterStateError
-from training.registry import AdapterRegistry, adapter_sha256
+from ratchet.training.registry import AdapterRegistry, adapter_sha256
 
 
 def _adapter(root: Path, seed: int) -> Path:

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from diagnosis.attribution import SuccessTree, action_path, attribute, normalize_action
+from ratchet.diagnosis.attribution import SuccessTree, action_path, attribute, normalize_action
 from ratchet.types import Step, ToolCall, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def _bench() -> ModuleType:
 
 @pytest.mark.integration
 def test_mutated_twx_coin_gold_path_is_attributed_to_the_injected_step() -> None:
-    from suites.textworld_express import TextWorldExpressSuite, java_major_version
+    from ratchet.suites.textworld_express import TextWorldExpressSuite, java_major_version
 
     if (java_major_version() or 0) < 17:
         pytest.skip("TextWorldExpress needs Java 17 on PATH")

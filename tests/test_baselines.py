@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from agents.baselines import baselines, play_gold, play_random, versus_random
-from flows.journal import GenerationRow, _fill
-from suites import get_suite
+from ratchet.agents.baselines import baselines, play_gold, play_random, versus_random
+from ratchet.flows.journal import GenerationRow, _fill
+from ratchet.suites import get_suite
 
 
 @pytest.fixture(scope="module")

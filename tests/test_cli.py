@@ -186,8 +186,8 @@ def test_split_larger_than_the_suite_offers_is_one_line(tmp_path):
 
 
 def _library_with_a_tool(data: Path):  # type: ignore[no-untyped-def]
-    from skills.format import Skill, ToolSource
-    from skills.library import SkillLibrary
+    from ratchet.skills.format import Skill, ToolSource
+    from ratchet.skills.library import SkillLibrary
 
     library = SkillLibrary(data / "skills", data / "index")
     code = "def run(a: str) -> list:\n    return [{'tool': 'act', 'args': {'action': 'move ' + a}}]\n"
@@ -254,7 +254,7 @@ def test_tools_serve_answers_an_mcp_client_over_stdio(tmp_path):
 def test_adapters_commands(tmp_path):
     """list / show / promote / rollback as a person uses them, with one-line errors."""
     from ratchet.config import load_settings
-    from training.registry import AdapterRegistry
+    from ratchet.training.registry import AdapterRegistry
 
     registry = AdapterRegistry(load_settings({"data_dir": tmp_path / "data"}))
     for seed in (1, 2):

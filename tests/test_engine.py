@@ -9,7 +9,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def engines(base_model_dir):
-    from server.engine import Engine
+    from ratchet.server.engine import Engine
 
     cached, plain = Engine(base_model_dir), Engine(base_model_dir, prefix_cache_tokens=0)
     yield cached, plain
@@ -35,7 +35,7 @@ def _conversation(tok, steps: int) -> list[list[int]]:
 
 
 def test_prefix_cache_reuses_earlier_prompts_and_changes_no_output(engines):
-    from server.engine import GenRequest
+    from ratchet.server.engine import GenRequest
 
     cached, plain = engines
     prompts = _conversation(cached.tokenizer, 4)
@@ -54,7 +54,7 @@ def test_prefix_cache_reuses_earlier_prompts_and_changes_no_output(engines):
 
 
 def test_mixed_batch_of_hits_and_misses_matches_uncached(engines):
-    from server.engine import GenRequest
+    from ratchet.server.engine import GenRequest
 
     cached, plain = engines
     tok = cached.tokenizer
@@ -79,7 +79,7 @@ def test_mixed_batch_of_hits_and_misses_matches_uncached(engines):
 def test_a_request_joins_a_running_batch_and_is_answered_when_done(engines):
     import time
 
-    from server.engine import GenRequest
+    from ratchet.server.engine import GenRequest
 
     cached, plain = engines
     tok = cached.tokenizer

@@ -19,16 +19,16 @@ from typing import Any
 import httpx
 import pytest
 
-from dashboard.app import create_dashboard
-from flows.evolve import evolve_flow, stages_of
-from flows.journal import Journal
-from memory.trajectory_store import open_store
+from ratchet.dashboard.app import create_dashboard
+from ratchet.flows.evolve import evolve_flow, stages_of
+from ratchet.flows.journal import Journal
+from ratchet.memory.trajectory_store import open_store
 from ratchet import faults
 from ratchet.config import load_settings
 from ratchet.errors import ConfigError, StateFileError
-from skills.library import SkillLibrary
+from ratchet.skills.library import SkillLibrary
 from tests.factories import local_client
-from training.registry import AdapterRegistry
+from ratchet.training.registry import AdapterRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
 RATCHET = Path(sys.executable).parent / "ratchet"
@@ -168,7 +168,7 @@ def test_evolve_runs_every_stage_and_a_rerun_changes_nothing(data: Path, embedde
 
 
 def test_a_bad_setting_fails_before_anything_is_written(tmp_path: Path) -> None:
-    from flows.evolve import check_settings
+    from ratchet.flows.evolve import check_settings
 
     settings = load_settings({"data_dir": tmp_path, "suite": "reasoning-gym:chain_sum", "splits.dev": 3})
     with pytest.raises(ConfigError, match="set splits.dev to at least 5"):

@@ -10,16 +10,16 @@ import httpx
 import mlflow
 import pytest
 
-from agents.rollout import RolloutSlot, run_expert
-from flows.finetune import finetune_flow
-from flows.launch import run_flow
-from flows.runtime import open_runtime
-from flows.stages import seed_experts
+from ratchet.agents.rollout import RolloutSlot, run_expert
+from ratchet.flows.finetune import finetune_flow
+from ratchet.flows.launch import run_flow
+from ratchet.flows.runtime import open_runtime
+from ratchet.flows.stages import seed_experts
 from ratchet.config import Settings, load_settings
-from suites import get_suite
+from ratchet.suites import get_suite
 from tests.conftest import TEST_MODELS
-from training.dataset import build_dataset
-from training.registry import AdapterRegistry, adapter_sha256
+from ratchet.training.dataset import build_dataset
+from ratchet.training.registry import AdapterRegistry, adapter_sha256
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ def test_lora_learns_the_target_turns_and_reloads_identically(base_model_dir: Pa
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from training.lora import IGNORE, collate, encode_all, load_for_training, target_loss, train_lora
+    from ratchet.training.lora import IGNORE, collate, encode_all, load_for_training, target_loss, train_lora
 
     cfg = load_settings({}).finetune.lora.model_copy(update={"epochs": 4, "batch_size": 4, "lr": 2e-3})
     model, tok = load_for_training(base_model_dir, cfg)
@@ -131,7 +131,7 @@ def test_finetune_trains_registers_gates_and_resumes_without_repeating(
     )
     audit = registry.audit()
     # a rerun of the same evolution decides nothing anew: no training, no new version, no new rollouts
-    from memory.trajectory_store import open_store
+    from ratchet.memory.trajectory_store import open_store
 
     store = open_store(settings.trajectories_db)
     before = store.count()

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.generation import generation_flow
-from flows.launch import run_flow
-from flows.rollouts import summarize, wilson_interval
-from memory.trajectory_store import open_store
+from ratchet.flows.generation import generation_flow
+from ratchet.flows.launch import run_flow
+from ratchet.flows.rollouts import summarize, wilson_interval
+from ratchet.memory.trajectory_store import open_store
 from ratchet.config import load_settings
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from skills.intervention import (
+from ratchet.skills.intervention import (
     GateConfig,
     GateDecision,
     PairedOutcome,

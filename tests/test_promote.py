@@ -10,8 +10,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from prefect.flow_runs import resume_flow_run
 
-from flows.promote import apply_decisions, promote_flow
-from flows.runtime import open_library
+from ratchet.flows.promote import apply_decisions, promote_flow
+from ratchet.flows.runtime import open_library
 from ratchet.config import load_settings
 from tests.factories import add_verified
 

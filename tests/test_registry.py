@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ratchet.errors import UnknownSuiteError
-from suites.registry import available_suites, get_suite, parse_suite_spec
+from ratchet.suites.registry import available_suites, get_suite, parse_suite_spec
 
 
 def test_shipped_suites_are_registered():
@@ -40,7 +40,7 @@ def test_a_third_party_suite_plugs_in_without_editing_ratchet(tmp_path: Path, mo
     (tmp_path / "acme_suite.py").write_text(
         textwrap.dedent("""
         from ratchet.types import Task
-        from suites.base import Suite
+        from ratchet.suites.base import Suite
 
         class AcmeSuite(Suite):
             name = "acme"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from skills import sandbox
-from skills.sandbox import (
+from ratchet.skills import sandbox
+from ratchet.skills.sandbox import (
     MAX_OUTPUT_CHARS,
     SandboxResult,
     SandboxUnavailableError,
@@ -269,8 +269,8 @@ def test_plain_format_templates_pass_and_work() -> None:
 
 
 def test_macro_templates_written_by_the_toolsmith_pass() -> None:
-    from agents.toolsmith import macro_source
-    from skills.mining import ActionTemplate, Pattern
+    from ratchet.agents.toolsmith import macro_source
+    from ratchet.skills.mining import ActionTemplate, Pattern
 
     pattern = Pattern(
         "suite:family",
@@ -405,9 +405,9 @@ def test_a_bwrap_that_cannot_isolate_is_refused(
 def test_toolsmith_refuses_the_candidate_when_the_sandbox_is_unavailable(
     unprobed: pytest.MonkeyPatch,
 ) -> None:
-    from agents.toolsmith import MacroJob, build_toolsmith
-    from skills.mining import ActionTemplate, Pattern
-    from skills.screen import Screen
+    from ratchet.agents.toolsmith import MacroJob, build_toolsmith
+    from ratchet.skills.mining import ActionTemplate, Pattern
+    from ratchet.skills.screen import Screen
 
     _fake_bwrap(unprobed, None)
     examples = ({"a": "north"}, {"a": "south"})
@@ -417,7 +417,7 @@ def test_toolsmith_refuses_the_candidate_when_the_sandbox_is_unavailable(
 
 
 def test_toolbox_call_fails_with_the_one_line_reason(unprobed: pytest.MonkeyPatch) -> None:
-    from skills.toolbox import SandboxTool
+    from ratchet.skills.toolbox import SandboxTool
 
     _fake_bwrap(unprobed, None)
     tool = SandboxTool(

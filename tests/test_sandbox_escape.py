@@ -59,8 +59,8 @@ from typing import Any
 
 import pytest
 
-from skills import sandbox
-from skills.sandbox import MAX_SCRATCH_BYTES, MAX_TMP_BYTES, SANDBOX_UID, run_tool
+from ratchet.skills import sandbox
+from ratchet.skills.sandbox import MAX_SCRATCH_BYTES, MAX_TMP_BYTES, SANDBOX_UID, run_tool
 
 PROJECT = Path(__file__).resolve().parents[1]
 STDLIB = Path(os.__file__).resolve().parent  # the same path inside the sandbox, read-only

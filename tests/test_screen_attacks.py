@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from skills.screen import Screen, fold
+from ratchet.skills.screen import Screen, fold
 from tests.factories import traj
 
 REFUSED, PASSED = True, False

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from ratchet.errors import EndpointError, PortInUseError
-from server.app import to_chatml_messages, tool_call_schema
-from server.launcher import EmbeddedServer, check_endpoint
+from ratchet.server.app import to_chatml_messages, tool_call_schema
+from ratchet.server.launcher import EmbeddedServer, check_endpoint
 
 MODEL = "smollm2-135m-instruct"
 ACT = {

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ratchet.errors import SkillFileError, StateFileError
-from skills.format import FILE, Skill, write_files
-from skills.library import AUDIT, SkillLibrary
+from ratchet.skills.format import FILE, Skill, write_files
+from ratchet.skills.library import AUDIT, SkillLibrary
 from tests.test_skills import _skill as skill
 
 
@@ -85,7 +85,7 @@ def _kill_at(library: SkillLibrary, fault: str, code: str) -> None:
     script = f"""
 import sys
 sys.path[:0] = {sys.path!r}
-from skills.library import SkillLibrary
+from ratchet.skills.library import SkillLibrary
 from tests.test_skill_state import _skill
 lib = SkillLibrary({str(library.root)!r})
 {code}

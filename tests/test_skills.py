@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ratchet.errors import SkillFileError, SkillStateError
-from skills.format import FILE, Skill, ToolSource, load, write_files
-from skills.library import SkillLibrary
+from ratchet.skills.format import FILE, Skill, ToolSource, load, write_files
+from ratchet.skills.library import SkillLibrary
 
 
 def _skill(
@@ -167,7 +167,7 @@ def test_unknown_skill_is_a_clear_error(library: SkillLibrary) -> None:
 
 
 def test_rollback_restores_the_live_set_from_before_the_promotion(library: SkillLibrary) -> None:
-    from flows.runtime import policy_with
+    from ratchet.flows.runtime import policy_with
     from ratchet.types import Policy
 
     def live() -> str:

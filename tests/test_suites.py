@@ -10,10 +10,10 @@ import pytest
 
 from ratchet.errors import EnvironmentMissingError
 from ratchet.types import SPLITS, ToolCall
-from suites.base import ActionError
-from suites.reasoning_gym import ReasoningGymSuite, answer_too_costly, calculate
-from suites.registry import get_suite
-from suites.textworld_express import MAX_STEPS, TextWorldExpressSuite, java_major_version
+from ratchet.suites.base import ActionError
+from ratchet.suites.reasoning_gym import ReasoningGymSuite, answer_too_costly, calculate
+from ratchet.suites.registry import get_suite
+from ratchet.suites.textworld_express import MAX_STEPS, TextWorldExpressSuite, java_major_version
 
 needs_java = pytest.mark.skipif(
     (java_major_version() or 0) < 17, reason="TextWorldExpress needs Java 17 on PATH"
@@ -177,7 +177,7 @@ def test_twx_close_is_idempotent_and_returns_env(twx: TextWorldExpressSuite) -> 
 
 
 def test_twx_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import suites.textworld_express as twx_mod
+    import ratchet.suites.textworld_express as twx_mod
 
     for found in (None, 11):  # no java on PATH; too old a java
         monkeypatch.setattr(twx_mod, "_java_ok", False)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from flows.launch import run_flow, task_runner
-from flows.runtime import RuntimeRef
-from memory.trajectory_store import open_store
+from ratchet.flows.launch import run_flow, task_runner
+from ratchet.flows.runtime import RuntimeRef
+from ratchet.memory.trajectory_store import open_store
 from ratchet.config import load_settings
 from ratchet.errors import ConfigError
 
@@ -47,7 +47,7 @@ def test_explore_on_dask_with_two_workers_matches_threads(
     embedded_server: str, prefect_server: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Dask's worker processes reach the flow's Prefect server; both runs use the same one."""
-    from flows.explore import explore
+    from ratchet.flows.explore import explore
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_server["PREFECT_API_URL"])
 
@@ -89,7 +89,7 @@ def test_a_missing_extra_or_server_is_one_clear_error(
 
 
 def test_a_runtime_ref_pickles_and_finds_its_runtime_in_process(tmp_path: Path) -> None:
-    from flows.runtime import LoopRuntime
+    from ratchet.flows.runtime import LoopRuntime
 
     settings = _settings(tmp_path, "dask")
     rt = LoopRuntime(settings, suite=None, store=None, base_url="http://x", actor=None)  # type: ignore[arg-type]

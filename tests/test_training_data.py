@@ -11,15 +11,15 @@ import pytest
 from langchain_core.messages import AIMessage
 from langchain_openai.chat_models.base import _convert_message_to_dict
 
-from agents.actor import ActorSettings, build_actor
-from agents.rollout import RolloutSlot, run_rollout
-from agents.testing import ScriptedChatModel, call
+from ratchet.agents.actor import ActorSettings, build_actor
+from ratchet.agents.rollout import RolloutSlot, run_rollout
+from ratchet.agents.testing import ScriptedChatModel, call
 from ratchet.types import Policy, PromptRecord, SkillText, Trajectory
-from server.app import render_tools
-from suites import get_suite
+from ratchet.server.app import render_tools
+from ratchet.suites import get_suite
 from tests.factories import traj
-from training.dataset import build_dataset, lucky, repeats
-from training.examples import ReplayError, replay
+from ratchet.training.dataset import build_dataset, lucky, repeats
+from ratchet.training.examples import ReplayError, replay
 
 
 def _strip_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from memory import SQLiteTrajectoryStore, TrajectoryStore, TrajectorySummary, open_store
-from memory.trajectory_store import SCHEMA_VERSION
+from ratchet.memory import SQLiteTrajectoryStore, TrajectoryStore, TrajectorySummary, open_store
+from ratchet.memory.trajectory_store import SCHEMA_VERSION
 from ratchet.errors import ConfigError
 from ratchet.types import Step, ToolCall, Trajectory, task_id, trajectory_id
 

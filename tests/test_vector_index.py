@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memory.vector_index import DIM, Hit, MiniLMEmbedding, VectorIndex, embed
+from ratchet.memory.vector_index import DIM, Hit, MiniLMEmbedding, VectorIndex, embed
 from ratchet.errors import RatchetError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_persists_across_processes(index: VectorIndex) -> None:
         import json, sys
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
-        from memory.vector_index import VectorIndex
+        from ratchet.memory.vector_index import VectorIndex
         ix = VectorIndex(Path({str(index.path)!r}), "skills")
         hit = ix.query("grab the gold pieces lying on the floor", k=1)[0]
         doc = ix.get(["sort"])[0].document

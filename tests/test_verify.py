@@ -14,15 +14,15 @@ import pytest
 from langchain_core.messages import AIMessage
 from prefect import flow
 
-from agents.actor import build_actor
-from agents.testing import ScriptedChatModel, call
-from flows.runtime import LoopRuntime
-from flows.verify import BASELINE, verify_stage
-from memory.trajectory_store import open_store
+from ratchet.agents.actor import build_actor
+from ratchet.agents.testing import ScriptedChatModel, call
+from ratchet.flows.runtime import LoopRuntime
+from ratchet.flows.verify import BASELINE, verify_stage
+from ratchet.memory.trajectory_store import open_store
 from ratchet.config import load_settings
-from skills.format import Skill
-from skills.library import SkillLibrary
-from suites import get_suite
+from ratchet.skills.format import Skill
+from ratchet.skills.library import SkillLibrary
+from ratchet.suites import get_suite
 
 FAMILY = "reasoning-gym:chain_sum"
 
@@ -215,9 +215,9 @@ def test_manual_promotion_leaves_verified_candidates_for_a_person(tmp_path: Path
 def test_same_seeds_same_evidence_on_the_real_engine(embedded_server: str, tmp_path: Path) -> None:
     """Greedy decoding, the same dev tasks and seeds: a second verify from scratch (fresh store
     and library) reaches the same pairs, counts and decision."""
-    from flows.launch import run_flow
-    from flows.runtime import open_library
-    from flows.verify import verify_flow
+    from ratchet.flows.launch import run_flow
+    from ratchet.flows.runtime import open_library
+    from ratchet.flows.verify import verify_flow
 
     decisions = []
     for attempt in ("first", "second"):

@@ -27,12 +27,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diagnosis.attribution import action_path, normalize_action
-from diagnosis.signals import loop
+from ratchet.diagnosis.attribution import action_path, normalize_action
+from ratchet.diagnosis.signals import loop
 from ratchet.files import write_text_atomic
 from ratchet.hashing import content_hash
 from ratchet.types import Trajectory
-from training.examples import ChatExample, ReplayError, replay
+from ratchet.training.examples import ChatExample, ReplayError, replay
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Any
 
 from ratchet.config import LoraSettings
 from ratchet.files import atomic_dir
-from training.examples import ChatExample
+from ratchet.training.examples import ChatExample
 
 IGNORE = -100
 
@@ -220,7 +220,7 @@ def fit_adapter(
     """Encode `examples` for the shipped model and train an adapter into `out_dir`.
 
     Returns the result and how many examples were dropped as longer than `cfg.max_tokens`."""
-    from server.weights import ensure_hf_copy
+    from ratchet.server.weights import ensure_hf_copy
 
     if not examples:
         raise ValueError("no training examples: no clean success to learn from")

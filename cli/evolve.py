@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ratchet.cli_common import console
+from ratchet.cli.common import console
 from ratchet.config import Settings
 
 

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ratchet.cli_common import console, err, guard, load
+from ratchet.cli.common import console, err, guard, load
 from ratchet.errors import ConfigError
 
 skills_app = typer.Typer(
@@ -23,7 +23,7 @@ StatusOpt = Annotated[
 
 
 def _library():  # type: ignore[no-untyped-def]
-    from flows.runtime import open_library
+    from ratchet.flows.runtime import open_library
 
     settings = load()
     return settings, open_library(settings)
@@ -35,7 +35,7 @@ def failures(
 ) -> None:
     """Failure modes and clusters of diagnosed failures (run `ratchet diagnose` first)."""
     with guard():
-        from memory.trajectory_store import open_store
+        from ratchet.memory.trajectory_store import open_store
 
         settings = load()
         diagnoses = open_store(settings.trajectories_db).diagnoses(settings.evolution, generation)
@@ -93,7 +93,7 @@ def skills_list(
 def skills_show(name: str) -> None:
     """One skill: its SKILL.md, its tool code, its provenance and its audit history."""
     with guard():
-        from skills.format import render
+        from ratchet.skills.format import render
 
         _, library = _library()
         skill = library.get(name)
@@ -130,7 +130,7 @@ def tools_serve(
 ) -> None:
     """Serve distilled tools to any MCP client (every call runs in the sandbox)."""
     with guard():
-        from skills.toolbox import Toolbox
+        from ratchet.skills.toolbox import Toolbox
 
         settings, library = _library()
         if transport not in ("stdio", "http"):
@@ -152,7 +152,7 @@ def tools_serve(
 def _change(name: str, to: str, reason: str, by: str | None) -> None:
     import getpass
 
-    from flows.runtime import champion_policy
+    from ratchet.flows.runtime import champion_policy
 
     settings, library = _library()
     before = champion_policy(settings, library).version

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ratchet.cli_common import console, guard, load
+from ratchet.cli.common import console, guard, load
 
 adapters_app = typer.Typer(
     help="LoRA adapters of the policy (MLflow registry; the `champion` alias is live).", no_args_is_help=True
@@ -21,7 +21,7 @@ ByOpt = Annotated[str | None, typer.Option("--by", help="who decides (default: y
 
 
 def _registry():  # type: ignore[no-untyped-def]
-    from training.registry import AdapterRegistry
+    from ratchet.training.registry import AdapterRegistry
 
     return AdapterRegistry(load())
 

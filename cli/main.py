@@ -1,4 +1,4 @@
-"""The `ratchet` command (Typer + Rich). The top of the import graph: only this module imports flows.
+"""The `ratchet` command (Typer + Rich), the top layer: flows, the dashboard and the stores are imported here.
 
 Every command builds one Settings from ratchet.toml < RATCHET_* environment < flags, and
 any RatchetError (bad input, missing Java, unreachable endpoint, port in use) is printed
@@ -16,9 +16,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ratchet.cli_adapters import adapters_app, print_finetune
-from ratchet.cli_baselines import bar_line
-from ratchet.cli_common import (
+from ratchet.cli.adapters import adapters_app, print_finetune
+from ratchet.cli.baselines import bar_line
+from ratchet.cli.common import (
     GLOBAL,
     ConfigOpt,
     DataDirOpt,
@@ -30,7 +30,7 @@ from ratchet.cli_common import (
     guard,
     load,
 )
-from ratchet.cli_library import failures, skills_app, tools_app
+from ratchet.cli.library import failures, skills_app, tools_app
 from ratchet.config import Settings
 from ratchet.errors import RatchetError
 
@@ -74,7 +74,7 @@ def _options(
 
 @contextmanager
 def _progress() -> Iterator[None]:
-    from flows.progress import listen
+    from ratchet.flows.progress import listen
 
     bars: dict[str, Any] = {}
     with Progress(
@@ -97,7 +97,7 @@ def _progress() -> Iterator[None]:
 
 def _start_prefect() -> None:
     """Prefect's API before the first flow (a new data dir migrates its database first)."""
-    from flows.prefect_api import start_prefect_api
+    from ratchet.flows.prefect_api import start_prefect_api
 
     with err.status("starting Prefect's API (the first run in a data dir prepares its database)"):
         start_prefect_api()
@@ -109,10 +109,10 @@ def _launch(target: str, settings: Settings, generation: int, gate: bool = False
     Prefect creates its home in the data dir."""
     import importlib
 
-    from flows.runtime import preflight
+    from ratchet.flows.runtime import preflight
 
     preflight(settings, gate=gate)
-    from flows.launch import run_flow
+    from ratchet.flows.launch import run_flow
 
     module, name = target.split(":")
     flow_obj = getattr(importlib.import_module(module), name)
@@ -130,8 +130,8 @@ def serve(
     """Run the embedded model server in the foreground (OpenAI-compatible, on 127.0.0.1)."""
     with guard():
         settings = load()
-        from server.__main__ import main as server_main
-        from server.launcher import check_port_free
+        from ratchet.server.__main__ import main as server_main
+        from ratchet.server.launcher import check_port_free
 
         check_port_free("127.0.0.1", port, "pass --port with another port")
         console.print(f"serving on http://127.0.0.1:{port}/v1 (Ctrl-C to stop)")
@@ -151,7 +151,7 @@ def explore(
     """Explore: k rollouts per train task, stored as trajectories (rerun = resume)."""
     with guard():
         settings = load(**{"splits.train": train, "explore.rollouts_per_task": k})
-        result = _launch("flows.explore:explore", settings, generation)
+        result = _launch("ratchet.flows.explore:explore", settings, generation)
         _print_stages(settings, [result])
 
 
@@ -163,7 +163,7 @@ def evaluate(
     """Evaluate the policy on the held-out test split (fixed seeds)."""
     with guard():
         settings = load(**{"splits.test": test})
-        result = _launch("flows.evaluate:evaluate", settings, generation)
+        result = _launch("ratchet.flows.evaluate:evaluate", settings, generation)
         _print_stages(settings, [result])
 
 
@@ -172,7 +172,7 @@ def diagnose(generation: GenOpt = 0) -> None:
     """Diagnose every failed train rollout of a generation and cluster the failures (rerun = resume)."""
     with guard():
         settings = load()
-        result = _launch("flows.diagnose:diagnose_flow", settings, generation)
+        result = _launch("ratchet.flows.diagnose:diagnose_flow", settings, generation)
         _print_diagnose(result)
 
 
@@ -181,7 +181,7 @@ def distill(generation: GenOpt = 0) -> None:
     """Distill skill, guardrail and tool candidates from a generation (after `diagnose`)."""
     with guard():
         settings = load()
-        result = _launch("flows.distill:distill_flow", settings, generation)
+        result = _launch("ratchet.flows.distill:distill_flow", settings, generation)
         _print_distill(result)
 
 
@@ -196,7 +196,7 @@ def verify(
     """A/B-test every candidate against the champion on dev tasks; file verified or rejected."""
     with guard():
         settings = load(**{"splits.dev": dev})
-        result = _launch("flows.verify:verify_flow", settings, generation, gate=True)
+        result = _launch("ratchet.flows.verify:verify_flow", settings, generation, gate=True)
         _print_verify(result)
 
 
@@ -208,7 +208,7 @@ def finetune(
     """Train a LoRA adapter on clean successes, gate it against the champion, promote if it wins."""
     with guard():
         settings = load(**{"splits.dev": dev})
-        print_finetune(_launch("flows.finetune:finetune_flow", settings, generation, gate=True))
+        print_finetune(_launch("ratchet.flows.finetune:finetune_flow", settings, generation, gate=True))
 
 
 @app.command()
@@ -230,11 +230,11 @@ def evolve(
                 "explore.rollouts_per_task": k,
             }
         )
-        from flows.runtime import preflight
+        from ratchet.flows.runtime import preflight
 
         preflight(settings, gate=True)  # one clear line, before Prefect is even imported
-        from flows.evolve import evolve_flow
-        from ratchet.cli_evolve import print_evolution
+        from ratchet.flows.evolve import evolve_flow
+        from ratchet.cli.evolve import print_evolution
 
         _start_prefect()
         with _progress():
@@ -250,11 +250,11 @@ def deploy(
     """Register the `evolve` (nightly) and `promote` deployments with a Prefect server and serve them."""
     with guard():
         settings = load()
-        from flows.launch import prefect_server_url
-        from flows.runtime import preflight
+        from ratchet.flows.launch import prefect_server_url
+        from ratchet.flows.runtime import preflight
 
         url = prefect_server_url("PREFECT_API_URL is not set: deployments live on a Prefect server")
-        from flows.schedule import serve_deployments
+        from ratchet.flows.schedule import serve_deployments
 
         preflight(settings)
         config = GLOBAL.get("config") or (Path("ratchet.toml") if Path("ratchet.toml").is_file() else None)
@@ -279,7 +279,7 @@ def run(
     """Run one generation: explore, diagnose, distill, evaluate; then print its summary."""
     with guard():
         settings = load(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
-        result = _launch("flows.generation:generation_flow", settings, generation)
+        result = _launch("ratchet.flows.generation:generation_flow", settings, generation)
         _print_diagnose(result.diagnose)
         _print_distill(result.distill)
         _print_stages(settings, [result.explore, result.evaluate], run_id=result.run_id)
@@ -291,8 +291,8 @@ def api(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8780) -> 
     with guard():
         import uvicorn
 
-        from dashboard.api import create_app
-        from server.launcher import check_port_free
+        from ratchet.dashboard.api import create_app
+        from ratchet.server.launcher import check_port_free
 
         settings = load()
         check_port_free("127.0.0.1", port, "pass --port with another port")
@@ -308,9 +308,9 @@ def dashboard(
     with guard():
         import uvicorn
 
-        from dashboard.app import create_dashboard
-        from memory.vector_index import embed
-        from server.launcher import check_port_free
+        from ratchet.dashboard.app import create_dashboard
+        from ratchet.memory.vector_index import embed
+        from ratchet.server.launcher import check_port_free
 
         settings = load()
         port = port or settings.dashboard.port
@@ -325,9 +325,9 @@ def dashboard(
 def doctor() -> None:
     """Check the installation: Java, the shipped model, the suites, the tool sandbox."""
     with guard():
-        from server.weights import shipped_gguf
-        from skills.sandbox import SandboxUnavailableError, check_isolation
-        from suites import available_suites, get_suite
+        from ratchet.server.weights import shipped_gguf
+        from ratchet.skills.sandbox import SandboxUnavailableError, check_isolation
+        from ratchet.suites import available_suites, get_suite
 
         console.print(f"model weights: {shipped_gguf()}")
         for name in sorted(available_suites()):
@@ -345,7 +345,7 @@ def doctor() -> None:
 def suites_list() -> None:
     """List installed suites and their subsets."""
     with guard():
-        from suites import available_suites
+        from ratchet.suites import available_suites
 
         table = Table("suite", "default subsets", "plug-in")
         for name, ep in sorted(available_suites().items()):
@@ -366,7 +366,7 @@ def trajectories_list(
 ) -> None:
     """List stored trajectories (newest filters first: generation, split, task, outcome)."""
     with guard():
-        from memory.trajectory_store import open_store
+        from ratchet.memory.trajectory_store import open_store
 
         settings = load()
         store = open_store(settings.trajectories_db)
@@ -402,7 +402,7 @@ def trajectories_list(
 def trajectories_show(trajectory_id: str) -> None:
     """Show one trajectory step by step."""
     with guard():
-        from memory.trajectory_store import open_store
+        from ratchet.memory.trajectory_store import open_store
 
         store = open_store(load().trajectories_db)
         t = store.get(trajectory_id)
@@ -432,7 +432,7 @@ def trajectories_export(
 ) -> None:
     """Export trajectories as JSONL (one trajectory per line)."""
     with guard():
-        from memory.trajectory_store import open_store
+        from ratchet.memory.trajectory_store import open_store
 
         settings = load()
         n = open_store(settings.trajectories_db).export_jsonl(

@@ -1,0 +1,1 @@
+"""The `ratchet` command (Typer + Rich): the top of the layers, importing every other package."""
