@@ -23,10 +23,11 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ratchet.stats import wilson_interval
-from ratchet.types import Task
 from ratchet.skills.intervention import binomial_p_value
 from ratchet.suites.base import ActionError, Suite
+
+from ratchet.stats import wilson_interval
+from ratchet.types import Task
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from typing import Any
 from ratchet.agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state, join_options
 from ratchet.agents.model import is_transient
 from ratchet.agents.prompts import system_prompt, task_prompt
-from ratchet.types import Policy, PromptRecord, SkillText, Step, Task, Trajectory, trajectory_id
 from ratchet.suites.base import ActionError, Suite
+
+from ratchet.types import Policy, PromptRecord, SkillText, Step, Task, Trajectory, trajectory_id
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
 from pydantic import BaseModel, ValidationError
-
 from ratchet.agents.model import is_transient
 
 log = logging.getLogger(__name__)

@@ -126,6 +126,7 @@ def run_aa(
     from ratchet.flows.launch import run_flow
     from ratchet.flows.runtime import open_library
     from ratchet.flows.verify import verify_flow
+
     from ratchet.config import load_settings
     from ratchet.runtime_env import prepare_environment
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:
     from ratchet.flows.journal import Journal
+
     from ratchet.config import Settings
 
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import mlflow
 from prefect import flow, task
-
 from ratchet.agents.distiller import GuardrailJob, ProcedureJob, build_distiller, render_body, slug
 from ratchet.agents.toolsmith import FunctionJob, MacroJob, build_toolsmith
 from ratchet.diagnosis.attribution import action_path
@@ -30,12 +29,13 @@ from ratchet.flows import tracking
 from ratchet.flows.progress import report
 from ratchet.flows.rollouts import MODEL_CALL
 from ratchet.flows.runtime import LoopRuntime, open_runtime
-from ratchet.config import Settings
-from ratchet.types import Trajectory
 from ratchet.skills.format import Skill, render
 from ratchet.skills.library import AddResult
 from ratchet.skills.mining import mine_patterns
 from ratchet.skills.screen import Screen
+
+from ratchet.config import Settings
+from ratchet.types import Trajectory
 
 
 @dataclass

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect import flow
-
 from ratchet.flows import tracking
 from ratchet.flows.diagnose import diagnose_flow
 from ratchet.flows.distill import distill_flow
@@ -32,6 +31,7 @@ from ratchet.flows.journal import Journal, stage_summary
 from ratchet.flows.launch import task_runner
 from ratchet.flows.runtime import model_endpoint, preflight
 from ratchet.flows.verify import verify_flow
+
 from ratchet import faults
 from ratchet.config import Settings, settings_from
 

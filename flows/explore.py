@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from prefect import flow
-
 from ratchet.flows import tracking
 from ratchet.flows.runtime import open_runtime
 from ratchet.flows.stages import StageResult, explore_stage
+
 from ratchet.config import Settings
 
 

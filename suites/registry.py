@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from importlib.metadata import EntryPoint, entry_points
 
-from ratchet.errors import UnknownSuiteError
 from ratchet.suites.base import Suite
+
+from ratchet.errors import UnknownSuiteError
 
 GROUP = "ratchet.suites"
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ratchet.memory.trajectory_store import open_store
+
 from ratchet.config import load_settings
 from tests.factories import traj
 from tests.test_cli import assert_one_line_error, ratchet
@@ -111,8 +111,9 @@ def test_an_unreadable_journal_is_refused_before_start_up(tmp_path: Path) -> Non
 
 
 def test_a_changed_champion_adapter_is_refused_before_start_up(tmp_path: Path) -> None:
-    from tests.test_adapter_registry import _passed
     from ratchet.training.registry import AdapterRegistry
+
+    from tests.test_adapter_registry import _passed
 
     registry = AdapterRegistry(load_settings({"data_dir": tmp_path / "data"}))
     version = _passed(registry, tmp_path, 1)

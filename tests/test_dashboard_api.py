@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from ratchet.dashboard.api import create_app
 from ratchet.flows.runtime import open_library
+
 from ratchet.config import load_settings
 from tests.factories import add_verified, local_client
 

@@ -24,7 +24,18 @@ BARE = ("agents", "memory", "skills", "flows", "server")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
         timeout=600,
@@ -63,7 +74,11 @@ def test_the_cli_runs_from_the_wheel_beside_packages_named_agents_memory_skills(
     python = str(venv / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     probe = subprocess.run(
-        [python, "-c", "import agents, memory, ratchet.agents.actor as a; print(agents.OWNER, memory.OWNER, a.__file__)"],
+        [
+            python,
+            "-c",
+            "import agents, memory, ratchet.agents.actor as a; print(agents.OWNER, memory.OWNER, a.__file__)",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -74,7 +89,12 @@ def test_the_cli_runs_from_the_wheel_beside_packages_named_agents_memory_skills(
     assert "not ratchet: agents" in probe.stdout and "not ratchet: memory" in probe.stdout
     assert str(target / "ratchet" / "agents" / "actor.py") in probe.stdout  # the wheel's copy
     listed = subprocess.run(
-        [python, "-m", "ratchet.cli", "suites", "list"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [python, "-m", "ratchet.cli", "suites", "list"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "textworld-express" in listed.stdout and "reasoning-gym" in listed.stdout

@@ -67,13 +67,19 @@ def test_no_module_imports_upward_or_sideways(folder: str) -> None:
             if target is None or target == folder:
                 continue
             if RANK[target] >= RANK[folder]:
-                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module} ({target} is not below {folder})")
+                wrong.append(
+                    f"{path.relative_to(ROOT)}:{line} imports {module} ({target} is not below {folder})"
+                )
     assert not wrong, "\n".join(wrong)
 
 
 def test_no_bare_top_level_names_anywhere() -> None:
     """`import agents` would find whatever else is installed under that name."""
-    files = [p for _, p in _sources()] + sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "bench").glob("*.py"))
+    files = (
+        [p for _, p in _sources()]
+        + sorted((ROOT / "tests").glob("*.py"))
+        + sorted((ROOT / "bench").glob("*.py"))
+    )
     bare = [
         f"{path.relative_to(ROOT)}:{line} imports {module}"
         for path in files

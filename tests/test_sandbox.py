@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from ratchet.skills import sandbox
 from ratchet.skills.sandbox import (
     MAX_OUTPUT_CHARS,

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 from langchain_openai.chat_models.base import _convert_message_to_dict
-
 from ratchet.agents.actor import ActorSettings, build_actor
 from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.agents.testing import ScriptedChatModel, call
-from ratchet.types import Policy, PromptRecord, SkillText, Trajectory
 from ratchet.server.app import render_tools
 from ratchet.suites import get_suite
-from tests.factories import traj
 from ratchet.training.dataset import build_dataset, lucky, repeats
 from ratchet.training.examples import ReplayError, replay
+
+from ratchet.types import Policy, PromptRecord, SkillText, Trajectory
+from tests.factories import traj
 
 
 def _strip_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

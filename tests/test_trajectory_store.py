@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ratchet.memory import SQLiteTrajectoryStore, TrajectoryStore, TrajectorySummary, open_store
 from ratchet.memory.trajectory_store import SCHEMA_VERSION
+
 from ratchet.errors import ConfigError
 from ratchet.types import Step, ToolCall, Trajectory, task_id, trajectory_id
 

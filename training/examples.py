@@ -18,11 +18,11 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langchain_openai.chat_models.base import _convert_message_to_dict
-
 from ratchet.agents.actor import build_prompt
+from ratchet.server.app import render_tools, to_chatml_messages
+
 from ratchet.hashing import content_hash
 from ratchet.types import Trajectory
-from ratchet.server.app import render_tools, to_chatml_messages
 
 
 class ReplayError(ValueError):
