@@ -24,10 +24,10 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemM
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.runtime import Runtime
-from ratchet.agents.prompts import system_prompt, task_prompt
-from ratchet.suites.base import ActionError, Episode, StepResult
 
+from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
+from ratchet.suites.base import ActionError, Episode, StepResult
 from ratchet.types import TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
 
 

@@ -24,9 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ratchet.skills.intervention import binomial_p_value
-from ratchet.suites.base import ActionError, Suite
-
 from ratchet.stats import wilson_interval
+from ratchet.suites.base import ActionError, Suite
 from ratchet.types import Task
 
 

@@ -19,11 +19,11 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
+
 from ratchet.agents.structured import ask_json
 from ratchet.diagnosis.attribution import SuccessTree, normalize_action
 from ratchet.diagnosis.signals import primary_mode, signals
 from ratchet.skills.screen import Screen
-
 from ratchet.types import Attribution, Diagnosis, Signal, Trajectory
 
 CAUSE_MAX = 160

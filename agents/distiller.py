@@ -22,10 +22,10 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
+
 from ratchet.agents.structured import ask_json
 from ratchet.skills.mining import Pattern
 from ratchet.skills.screen import Screen
-
 from ratchet.types import Diagnosis, FailureMode
 
 WRITER_SYSTEM = (

@@ -10,7 +10,6 @@ from ratchet.agents.actor import ActorSettings, RolloutContext, ToolRunner, init
 from ratchet.agents.model import is_transient
 from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.suites.base import ActionError, Suite
-
 from ratchet.types import Policy, PromptRecord, SkillText, Step, Task, Trajectory, trajectory_id
 
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
 from pydantic import BaseModel, ValidationError
+
 from ratchet.agents.model import is_transient
 
 log = logging.getLogger(__name__)

@@ -25,14 +25,14 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
+
 from ratchet.agents.structured import ask_json
+from ratchet.errors import RatchetError
 from ratchet.skills.format import ToolSource
 from ratchet.skills.mining import Pattern
 from ratchet.skills.sandbox import run_tool, validate_tool_code
 from ratchet.skills.screen import Screen
 from ratchet.skills.toolbox import TASK_ARG
-
-from ratchet.errors import RatchetError
 
 CODE_MAX = 4000
 TOOLSMITH_SYSTEM = (

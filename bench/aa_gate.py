@@ -123,11 +123,10 @@ def run_aa(
     adapter: Path | None = None,
 ) -> dict:
     """Gate `gates` irrelevant candidates against the base policy; the summary of what passed."""
+    from ratchet.config import load_settings
     from ratchet.flows.launch import run_flow
     from ratchet.flows.runtime import open_library
     from ratchet.flows.verify import verify_flow
-
-    from ratchet.config import load_settings
     from ratchet.runtime_env import prepare_environment
 
     data = data_dir or Path(tempfile.mkdtemp(prefix="ratchet-aa-"))

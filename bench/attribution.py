@@ -37,7 +37,6 @@ sys.path.insert(0, str(ROOT))
 from ratchet.agents.actor import join_options  # noqa: E402
 from ratchet.diagnosis.attribution import SuccessTree  # noqa: E402
 from ratchet.suites.base import ActionError, Episode  # noqa: E402
-
 from ratchet.types import Attribution, Step, Task, ToolCall, Trajectory  # noqa: E402
 
 SETTINGS = ("all", "leave-out")

@@ -107,10 +107,9 @@ def main() -> None:
     args = p.parse_args()
 
     from ratchet.agents.baselines import baselines
-    from ratchet.suites import get_suite
-
     from ratchet.config import load_settings
     from ratchet.runtime_env import prepare_environment
+    from ratchet.suites import get_suite
 
     data = Path(tempfile.mkdtemp(prefix="ratchet-baseline-"))
     rows = []

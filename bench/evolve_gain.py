@@ -31,9 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:
-    from ratchet.flows.journal import Journal
-
     from ratchet.config import Settings
+    from ratchet.flows.journal import Journal
 
 
 def target_settings(target: str, data: Path, args: argparse.Namespace) -> Settings:

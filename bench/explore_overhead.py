@@ -46,6 +46,7 @@ def main() -> None:
 
     from prefect import flow
     from prefect.task_runners import ThreadPoolTaskRunner
+
     from ratchet.agents.actor import ActorSettings
     from ratchet.agents.rollout import RolloutSlot, run_rollout
     from ratchet.flows.rollouts import run_slots

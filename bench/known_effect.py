@@ -40,12 +40,12 @@ def run_known_effects(
     base_url: str | None = None,
 ) -> dict[str, Any]:
     from prefect import flow
-    from ratchet.flows.launch import run_flow
-    from ratchet.flows.runtime import model_policy, open_runtime
-    from ratchet.flows.verify import gate_evidence, run_gates
 
     from bench.aa_gate import install_champion
     from ratchet.config import Settings, load_settings
+    from ratchet.flows.launch import run_flow
+    from ratchet.flows.runtime import model_policy, open_runtime
+    from ratchet.flows.verify import gate_evidence, run_gates
 
     data = data_dir or Path(tempfile.mkdtemp(prefix="ratchet-known-"))
     settings = load_settings(

@@ -51,10 +51,10 @@ def _batch(n: int) -> list:  # type: ignore[type-arg]
 
 def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
     import torch
-    from ratchet.server.weights import ensure_hf_copy
-    from ratchet.training.lora import accumulate, collate, encode_all, load_for_training
 
     from ratchet.config import load_settings
+    from ratchet.server.weights import ensure_hf_copy
+    from ratchet.training.lora import accumulate, collate, encode_all, load_for_training
 
     cfg = load_settings({}).finetune.lora
     model, tok = load_for_training(ensure_hf_copy(ROOT / ".ratchet" / "models"), cfg)

@@ -191,9 +191,10 @@ def _ms(samples: list[float]) -> dict[str, float]:
 
 
 def bench_size(n: int, queries: list[str], root: Path, k: int, budget: int) -> dict[str, object]:
+    from rich.progress import Progress
+
     from ratchet.memory.retrieval import SkillRetriever
     from ratchet.memory.vector_index import VectorIndex, embed
-    from rich.progress import Progress
 
     skills = make_skills(n)
     path = root / f"skills-{n}"

@@ -7,9 +7,10 @@ import json
 from typing import Annotated, Any
 
 import typer
-from ratchet.cli.common import console, guard, load
 from rich.markup import escape
 from rich.table import Table
+
+from ratchet.cli.common import console, guard, load
 
 adapters_app = typer.Typer(
     help="LoRA adapters of the policy (MLflow registry; the `champion` alias is live).", no_args_is_help=True

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ratchet.cli.common import console
 from rich.table import Table
 
+from ratchet.cli.common import console
 from ratchet.config import Settings
 
 

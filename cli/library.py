@@ -6,10 +6,10 @@ from collections import Counter
 from typing import Annotated
 
 import typer
-from ratchet.cli.common import console, err, guard, load
 from rich.markup import escape
 from rich.table import Table
 
+from ratchet.cli.common import console, err, guard, load
 from ratchet.errors import ConfigError
 
 skills_app = typer.Typer(

@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from ratchet.cli.adapters import adapters_app, print_finetune
 from ratchet.cli.baselines import bar_line
 from ratchet.cli.common import (
@@ -28,9 +31,6 @@ from ratchet.cli.common import (
     load,
 )
 from ratchet.cli.library import failures, skills_app, tools_app
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
 from ratchet.config import Settings
 from ratchet.errors import RatchetError
 
@@ -290,6 +290,7 @@ def api(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8780) -> 
     """Serve the HTTP API for deciding on skills (promote, reject, retire, rollback)."""
     with guard():
         import uvicorn
+
         from ratchet.dashboard.api import create_app
         from ratchet.server.launcher import check_port_free
 
@@ -306,6 +307,7 @@ def dashboard(
     """Serve the dashboard: generations, champion history, skills with A/B evidence, decisions."""
     with guard():
         import uvicorn
+
         from ratchet.dashboard.app import create_dashboard
         from ratchet.memory.vector_index import embed
         from ratchet.server.launcher import check_port_free

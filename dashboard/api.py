@@ -13,12 +13,12 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
-from ratchet.dashboard.hosts import LoopbackOnly
-from ratchet.flows.runtime import champion_policy, open_library
-from ratchet.skills.library import SkillLibrary
 
 from ratchet.config import Settings
+from ratchet.dashboard.hosts import LoopbackOnly
 from ratchet.errors import SkillFileError, SkillStateError
+from ratchet.flows.runtime import champion_policy, open_library
+from ratchet.skills.library import SkillLibrary
 
 Action = Literal["promote", "reject", "retire", "rollback"]
 TARGET = {"promote": "promoted", "reject": "rejected", "retire": "retired"}

@@ -21,15 +21,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+
+from ratchet.config import Settings
 from ratchet.dashboard.api import create_app
 from ratchet.dashboard.plots import cost_svg, success_svg
 from ratchet.dashboard.views import ACTIONS, DashboardData, NotFound, prefect_ui
+from ratchet.errors import RatchetError, SkillStateError
 from ratchet.flows.runtime import champion_policy, open_library
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.library import SkillLibrary
-
-from ratchet.config import Settings
-from ratchet.errors import RatchetError, SkillStateError
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")

@@ -18,15 +18,15 @@ from typing import Any
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from ratchet.config import Settings
+from ratchet.errors import RatchetError
 from ratchet.flows.journal import GenerationRow, Journal
 from ratchet.flows.tracking import EVOLUTION, GENERATION, KIND, experiment_name
 from ratchet.memory.trajectory_store import TrajectoryStore
 from ratchet.skills.format import Skill
 from ratchet.skills.library import AuditRecord, SkillLibrary
 from ratchet.training.registry import AdapterRegistry
-
-from ratchet.config import Settings
-from ratchet.errors import RatchetError
 from ratchet.types import Trajectory
 
 # What a person may do to a skill in each status (the library enforces it; this picks buttons).

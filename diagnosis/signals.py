@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import Counter
 
 from ratchet.diagnosis.attribution import action_path, normalize_action
-
 from ratchet.types import TOOL_ERROR, FailureMode, Signal, Trajectory
 
 # Precedence of primary modes, most specific first.

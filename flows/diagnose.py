@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 import mlflow
 from prefect import flow, task
 from prefect.futures import as_completed
+
+from ratchet import faults
 from ratchet.agents.diagnoser import build_diagnoser, diagnose
+from ratchet.config import Settings
 from ratchet.diagnosis.clusters import FailureCluster, cluster_diagnoses
 from ratchet.flows import tracking
 from ratchet.flows.progress import report
 from ratchet.flows.rollouts import MODEL_CALL
 from ratchet.flows.runtime import LoopRuntime, open_runtime
 from ratchet.memory.vector_index import VectorIndex
-
-from ratchet import faults
-from ratchet.config import Settings
 from ratchet.types import FAILURE_MODES, Diagnosis, Trajectory
 
 

@@ -22,8 +22,10 @@ from typing import Any
 
 import mlflow
 from prefect import flow, task
+
 from ratchet.agents.distiller import GuardrailJob, ProcedureJob, build_distiller, render_body, slug
 from ratchet.agents.toolsmith import FunctionJob, MacroJob, build_toolsmith
+from ratchet.config import Settings
 from ratchet.diagnosis.attribution import action_path
 from ratchet.flows import tracking
 from ratchet.flows.progress import report
@@ -33,8 +35,6 @@ from ratchet.skills.format import Skill, render
 from ratchet.skills.library import AddResult
 from ratchet.skills.mining import mine_patterns
 from ratchet.skills.screen import Screen
-
-from ratchet.config import Settings
 from ratchet.types import Trajectory
 
 

@@ -21,6 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect import flow
+
+from ratchet import faults
+from ratchet.config import Settings, settings_from
 from ratchet.flows import tracking
 from ratchet.flows.diagnose import diagnose_flow
 from ratchet.flows.distill import distill_flow
@@ -31,9 +34,6 @@ from ratchet.flows.journal import Journal, stage_summary
 from ratchet.flows.launch import task_runner
 from ratchet.flows.runtime import model_endpoint, preflight
 from ratchet.flows.verify import verify_flow
-
-from ratchet import faults
-from ratchet.config import Settings, settings_from
 
 STAGES: dict[str, Callable[..., Any]] = {
     "explore": explore,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from prefect import flow
+
+from ratchet.config import Settings
 from ratchet.flows import tracking
 from ratchet.flows.runtime import open_runtime
 from ratchet.flows.stages import StageResult, explore_stage
-
-from ratchet.config import Settings
 
 
 @flow(name="explore", validate_parameters=False)

@@ -28,18 +28,18 @@ from typing import Literal
 
 import mlflow
 from prefect import flow
-from ratchet.flows import progress, tracking
-from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
-from ratchet.flows.verify import gate_evidence, run_gates
-from ratchet.server.launcher import ensure_adapter
-from ratchet.skills.intervention import GateDecision
-from ratchet.training.dataset import Dataset, build_dataset
-from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
 
 from ratchet import faults
 from ratchet.config import Settings
 from ratchet.files import write_text_atomic
+from ratchet.flows import progress, tracking
+from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
+from ratchet.flows.verify import gate_evidence, run_gates
 from ratchet.hashing import content_hash
+from ratchet.server.launcher import ensure_adapter
+from ratchet.skills.intervention import GateDecision
+from ratchet.training.dataset import Dataset, build_dataset
+from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
 
 Action = Literal["skipped", "exported", "trained", "reused"]
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefect import flow
+
+from ratchet.config import Settings
 from ratchet.flows import tracking
 from ratchet.flows.diagnose import DiagnoseResult, diagnose_stage
 from ratchet.flows.distill import DistillResult, distill_stage
 from ratchet.flows.runtime import open_runtime
 from ratchet.flows.stages import StageResult, evaluate_stage, explore_stage
-
-from ratchet.config import Settings
 
 
 @dataclass

@@ -17,12 +17,12 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
-from ratchet.flows.runtime import open_library
-from ratchet.skills.library import SkillLibrary
 
 from ratchet.config import Settings, settings_from
 from ratchet.errors import SkillStateError
+from ratchet.flows.runtime import open_library
 from ratchet.runtime_env import prepare_environment
+from ratchet.skills.library import SkillLibrary
 
 
 class PromotionForm(RunInput):

@@ -11,13 +11,13 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
+
+from ratchet import faults
 from ratchet.agents.actor import ActorSettings
 from ratchet.agents.model import is_transient
 from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.flows.progress import report
 from ratchet.flows.runtime import LoopRuntime, RuntimeRef
-
-from ratchet import faults
 from ratchet.stats import wilson_interval
 from ratchet.types import Policy, Trajectory
 

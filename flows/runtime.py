@@ -16,12 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
+
 from ratchet.agents.actor import build_actor
 from ratchet.agents.model import chat_model
+from ratchet.config import Settings
+from ratchet.errors import ConfigError, EndpointError
+from ratchet.files import read_jsonl
 from ratchet.flows.tracking import audit_logger
 from ratchet.memory.retrieval import SkillRetriever
 from ratchet.memory.trajectory_store import TrajectoryStore, open_store
 from ratchet.memory.vector_index import VectorIndex
+from ratchet.runtime_env import prepare_environment
 from ratchet.server.launcher import EmbeddedServer, check_endpoint, check_port_free, ensure_adapter
 from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf
 from ratchet.skills.format import Skill
@@ -29,11 +34,6 @@ from ratchet.skills.library import AUDIT, AuditRecord, SkillLibrary
 from ratchet.skills.toolbox import Toolbox
 from ratchet.suites import Suite, get_suite
 from ratchet.training.registry import AdapterRegistry, AdapterVersion
-
-from ratchet.config import Settings
-from ratchet.errors import ConfigError, EndpointError
-from ratchet.files import read_jsonl
-from ratchet.runtime_env import prepare_environment
 from ratchet.types import Policy
 
 

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlflow
+
 from ratchet.agents.actor import ActorSettings
 from ratchet.agents.baselines import Baselines, VersusRandom, baselines, versus_random
 from ratchet.agents.rollout import EXPERT_ROLLOUT, RolloutSlot, run_expert
+from ratchet.config import Settings
 from ratchet.flows import tracking
 from ratchet.flows.rollouts import RolloutReport, run_slots
 from ratchet.flows.runtime import LoopRuntime
-
-from ratchet.config import Settings
 from ratchet.hashing import content_hash
 from ratchet.types import Policy, Split
 

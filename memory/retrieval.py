@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from ratchet.memory.vector_index import DIM, VectorIndex, embed
 
+from ratchet.memory.vector_index import DIM, VectorIndex, embed
 from ratchet.types import SkillText
 
 __all__ = ["SkillRetriever", "estimate_tokens", "skill_document"]

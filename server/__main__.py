@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import uvicorn
+
     from ratchet.server.app import create_app
     from ratchet.server.engine import Engine
     from ratchet.server.weights import BASE_MODEL_NAME, ensure_hf_copy

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import xgrammar as xgr
-from ratchet.server.prefix_cache import PrefixCache
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from ratchet.server.prefix_cache import PrefixCache
 
 log = logging.getLogger("ratchet.server")
 

@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-from ratchet.memory.vector_index import VectorIndex
-from ratchet.skills.format import FILE, TRANSITIONS, Skill, SkillKind, SkillStatus, load, render, write_files
 
 from ratchet import faults
 from ratchet.errors import SkillFileError, SkillStateError
 from ratchet.files import append_line, read_jsonl
+from ratchet.memory.vector_index import VectorIndex
+from ratchet.skills.format import FILE, TRANSITIONS, Skill, SkillKind, SkillStatus, load, render, write_files
 
 AUDIT = "audit.jsonl"
 MERGE_SIMILARITY = 0.92

@@ -24,11 +24,11 @@ import anyio
 from fastmcp import Client, FastMCP
 from fastmcp.tools import Tool
 from fastmcp.tools.base import ToolResult
+
+from ratchet.errors import RatchetError
 from ratchet.skills.format import Skill
 from ratchet.skills.sandbox import run_tool
 from ratchet.suites.base import ActionError
-
-from ratchet.errors import RatchetError
 from ratchet.types import ToolCall, ToolSpec
 
 TASK_ARG = "task"

@@ -22,7 +22,6 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from ratchet.suites.base import ActionError, Episode, StepResult, Suite
-
 from ratchet.types import SPLITS, Split, Task, ToolCall, ToolSpec
 
 SPLIT_BASES: dict[Split, int] = {"train": 1_000_000, "dev": 2_000_000, "test": 3_000_000}

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from importlib.metadata import EntryPoint, entry_points
 
-from ratchet.suites.base import Suite
-
 from ratchet.errors import UnknownSuiteError
+from ratchet.suites.base import Suite
 
 GROUP = "ratchet.suites"
 

@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ratchet.suites.base import ActionError, Episode, StepResult, Suite
-
 from ratchet.errors import EnvironmentMissingError
+from ratchet.suites.base import ActionError, Episode, StepResult, Suite
 from ratchet.types import Split, Task, ToolCall, ToolSpec
 
 if TYPE_CHECKING:

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
+
+from ratchet.config import Settings, load_settings
 from ratchet.flows import tracking
 from ratchet.flows.journal import Journal
 from ratchet.flows.runtime import open_library
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.format import Skill
-
-from ratchet.config import Settings, load_settings
 from tests.factories import traj
 
 GATE = {

@@ -7,10 +7,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from ratchet.training.registry import AdapterRegistry, adapter_sha256
 
 from ratchet.config import load_settings
 from ratchet.errors import AdapterError, AdapterStateError
+from ratchet.training.registry import AdapterRegistry, adapter_sha256
 
 
 def _adapter(root: Path, seed: int) -> Path:

@@ -9,8 +9,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from ratchet.diagnosis.attribution import SuccessTree, action_path, attribute, normalize_action
 
+from ratchet.diagnosis.attribution import SuccessTree, action_path, attribute, normalize_action
 from ratchet.types import Step, ToolCall, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from ratchet.agents.baselines import baselines, play_gold, play_random, versus_random
 from ratchet.flows.journal import GenerationRow, _fill
 from ratchet.suites import get_suite

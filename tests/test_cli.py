@@ -253,9 +253,8 @@ def test_tools_serve_answers_an_mcp_client_over_stdio(tmp_path):
 
 def test_adapters_commands(tmp_path):
     """list / show / promote / rollback as a person uses them, with one-line errors."""
-    from ratchet.training.registry import AdapterRegistry
-
     from ratchet.config import load_settings
+    from ratchet.training.registry import AdapterRegistry
 
     registry = AdapterRegistry(load_settings({"data_dir": tmp_path / "data"}))
     for seed in (1, 2):

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from ratchet.memory.trajectory_store import open_store
 
 from ratchet.config import load_settings
+from ratchet.memory.trajectory_store import open_store
 from tests.factories import traj
 from tests.test_cli import assert_one_line_error, ratchet
 
@@ -112,7 +112,6 @@ def test_an_unreadable_journal_is_refused_before_start_up(tmp_path: Path) -> Non
 
 def test_a_changed_champion_adapter_is_refused_before_start_up(tmp_path: Path) -> None:
     from ratchet.training.registry import AdapterRegistry
-
     from tests.test_adapter_registry import _passed
 
     registry = AdapterRegistry(load_settings({"data_dir": tmp_path / "data"}))

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+
 from ratchet.dashboard.app import create_dashboard
 from ratchet.flows.runtime import open_library
-
 from tests.dashboard_data import Built, build
 from tests.factories import local_client
 
@@ -116,9 +116,8 @@ def test_a_malformed_skill_file_is_named_not_fatal(tmp_path: Path) -> None:
 
 
 def test_prefect_links_follow_the_setting_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ratchet.dashboard.views import prefect_ui
-
     from ratchet.config import load_settings
+    from ratchet.dashboard.views import prefect_ui
 
     for var in ("PREFECT_UI_URL", "PREFECT_API_URL"):
         monkeypatch.delenv(var, raising=False)

@@ -6,10 +6,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from ratchet.dashboard.api import create_app
-from ratchet.flows.runtime import open_library
 
 from ratchet.config import load_settings
+from ratchet.dashboard.api import create_app
+from ratchet.flows.runtime import open_library
 from tests.factories import add_verified, local_client
 
 

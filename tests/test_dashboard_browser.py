@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ratchet.flows.runtime import open_library
 
+from ratchet.flows.runtime import open_library
 from tests.conftest import _free_port, stop_process_group
 from tests.dashboard_data import build
 

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 from langchain_core.messages import AIMessage
+
 from ratchet.agents.diagnoser import build_diagnoser, diagnose, judge_messages
 from ratchet.agents.testing import ScriptedChatModel
 from ratchet.diagnosis.attribution import SuccessTree
 from ratchet.diagnosis.clusters import cluster_diagnoses
 from ratchet.diagnosis.signals import primary_mode, signals
-
 from ratchet.types import Diagnosis, Step, ToolCall
 from tests.factories import traj
 

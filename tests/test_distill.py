@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 from prefect import flow
+
 from ratchet.agents.distiller import GuardrailJob, ProcedureJob, build_distiller, distill
 from ratchet.agents.testing import ScriptedChatModel
 from ratchet.agents.toolsmith import MacroJob, build_toolsmith, macro_source
+from ratchet.config import load_settings
 from ratchet.flows.diagnose import diagnose_stage
 from ratchet.flows.distill import distill_stage, function_job
 from ratchet.flows.runtime import LoopRuntime
@@ -20,8 +22,6 @@ from ratchet.skills.library import SkillLibrary
 from ratchet.skills.mining import mine_patterns
 from ratchet.skills.screen import Screen
 from ratchet.skills.toolbox import Toolbox
-
-from ratchet.config import load_settings
 from ratchet.types import Diagnosis
 from tests.factories import traj
 

@@ -18,16 +18,16 @@ from typing import Any
 
 import httpx
 import pytest
+
+from ratchet import faults
+from ratchet.config import load_settings
 from ratchet.dashboard.app import create_dashboard
+from ratchet.errors import ConfigError, StateFileError
 from ratchet.flows.evolve import evolve_flow, stages_of
 from ratchet.flows.journal import Journal
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.library import SkillLibrary
 from ratchet.training.registry import AdapterRegistry
-
-from ratchet import faults
-from ratchet.config import load_settings
-from ratchet.errors import ConfigError, StateFileError
 from tests.factories import local_client
 
 ROOT = Path(__file__).resolve().parents[1]

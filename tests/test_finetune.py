@@ -9,7 +9,9 @@ from typing import Any
 import httpx
 import mlflow
 import pytest
+
 from ratchet.agents.rollout import RolloutSlot, run_expert
+from ratchet.config import Settings, load_settings
 from ratchet.flows.finetune import finetune_flow
 from ratchet.flows.launch import run_flow
 from ratchet.flows.runtime import open_runtime
@@ -17,8 +19,6 @@ from ratchet.flows.stages import seed_experts
 from ratchet.suites import get_suite
 from ratchet.training.dataset import build_dataset
 from ratchet.training.registry import AdapterRegistry, adapter_sha256
-
-from ratchet.config import Settings, load_settings
 from tests.conftest import TEST_MODELS
 
 pytestmark = pytest.mark.integration
@@ -46,8 +46,9 @@ def _coin_examples(n_tasks: int) -> list[Any]:
 def test_lora_learns_the_target_turns_and_reloads_identically(base_model_dir: Path, tmp_path: Path) -> None:
     import torch
     from peft import PeftModel
-    from ratchet.training.lora import IGNORE, collate, encode_all, load_for_training, target_loss, train_lora
     from transformers import AutoModelForCausalLM
+
+    from ratchet.training.lora import IGNORE, collate, encode_all, load_for_training, target_loss, train_lora
 
     cfg = load_settings({}).finetune.lora.model_copy(update={"epochs": 4, "batch_size": 4, "lr": 2e-3})
     model, tok = load_for_training(base_model_dir, cfg)

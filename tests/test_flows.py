@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+
+from ratchet.config import load_settings
 from ratchet.flows.generation import generation_flow
 from ratchet.flows.launch import run_flow
 from ratchet.flows.rollouts import summarize, wilson_interval
 from ratchet.memory.trajectory_store import open_store
-
-from ratchet.config import load_settings
 
 
 def test_wilson_interval_is_sane_at_the_edges():

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+
 from ratchet.skills.intervention import (
     GateConfig,
     GateDecision,

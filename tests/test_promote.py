@@ -9,10 +9,10 @@ from pathlib import Path
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from prefect.flow_runs import resume_flow_run
-from ratchet.flows.promote import apply_decisions, promote_flow
-from ratchet.flows.runtime import open_library
 
 from ratchet.config import load_settings
+from ratchet.flows.promote import apply_decisions, promote_flow
+from ratchet.flows.runtime import open_library
 from tests.factories import add_verified
 
 

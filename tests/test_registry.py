@@ -7,9 +7,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from ratchet.suites.registry import available_suites, get_suite, parse_suite_spec
 
 from ratchet.errors import UnknownSuiteError
+from ratchet.suites.registry import available_suites, get_suite, parse_suite_spec
 
 
 def test_shipped_suites_are_registered():

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import ratchet.memory.retrieval as retrieval
 from ratchet.memory.retrieval import SkillRetriever, estimate_tokens, skill_document
 from ratchet.memory.vector_index import DIM, VectorIndex
-
 from ratchet.types import SkillText
 
 

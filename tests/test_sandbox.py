@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from ratchet.skills import sandbox
 from ratchet.skills.sandbox import (
     MAX_OUTPUT_CHARS,

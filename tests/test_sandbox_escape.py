@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from ratchet.skills import sandbox
 from ratchet.skills.sandbox import MAX_SCRATCH_BYTES, MAX_TMP_BYTES, SANDBOX_UID, run_tool
 

@@ -13,8 +13,8 @@ import base64
 from dataclasses import dataclass, field
 
 import pytest
-from ratchet.skills.screen import Screen, fold
 
+from ratchet.skills.screen import Screen, fold
 from tests.factories import traj
 
 REFUSED, PASSED = True, False

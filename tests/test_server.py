@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ratchet.server.app import to_chatml_messages, tool_call_schema
-from ratchet.server.launcher import EmbeddedServer, check_endpoint
 
 from ratchet.errors import EndpointError, PortInUseError
+from ratchet.server.app import to_chatml_messages, tool_call_schema
+from ratchet.server.launcher import EmbeddedServer, check_endpoint
 
 MODEL = "smollm2-135m-instruct"
 ACT = {

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from ratchet.skills.format import FILE, Skill, write_files
-from ratchet.skills.library import AUDIT, SkillLibrary
 
 from ratchet.errors import SkillFileError, StateFileError
+from ratchet.skills.format import FILE, Skill, write_files
+from ratchet.skills.library import AUDIT, SkillLibrary
 from tests.test_skills import _skill as skill
 
 

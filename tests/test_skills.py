@@ -6,10 +6,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from ratchet.skills.format import FILE, Skill, ToolSource, load, write_files
-from ratchet.skills.library import SkillLibrary
 
 from ratchet.errors import SkillFileError, SkillStateError
+from ratchet.skills.format import FILE, Skill, ToolSource, load, write_files
+from ratchet.skills.library import SkillLibrary
 
 
 def _skill(
@@ -168,7 +168,6 @@ def test_unknown_skill_is_a_clear_error(library: SkillLibrary) -> None:
 
 def test_rollback_restores_the_live_set_from_before_the_promotion(library: SkillLibrary) -> None:
     from ratchet.flows.runtime import policy_with
-
     from ratchet.types import Policy
 
     def live() -> str:

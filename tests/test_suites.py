@@ -7,12 +7,12 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+
+from ratchet.errors import EnvironmentMissingError
 from ratchet.suites.base import ActionError
 from ratchet.suites.reasoning_gym import ReasoningGymSuite, answer_too_costly, calculate
 from ratchet.suites.registry import get_suite
 from ratchet.suites.textworld_express import MAX_STEPS, TextWorldExpressSuite, java_major_version
-
-from ratchet.errors import EnvironmentMissingError
 from ratchet.types import SPLITS, ToolCall
 
 needs_java = pytest.mark.skipif(

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ratchet.flows.launch import run_flow, task_runner
-from ratchet.flows.runtime import RuntimeRef
-from ratchet.memory.trajectory_store import open_store
 
 from ratchet.config import load_settings
 from ratchet.errors import ConfigError
+from ratchet.flows.launch import run_flow, task_runner
+from ratchet.flows.runtime import RuntimeRef
+from ratchet.memory.trajectory_store import open_store
 
 
 def _settings(data: Path, runner: str) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 from langchain_openai.chat_models.base import _convert_message_to_dict
+
 from ratchet.agents.actor import ActorSettings, build_actor
 from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.agents.testing import ScriptedChatModel, call
@@ -17,7 +18,6 @@ from ratchet.server.app import render_tools
 from ratchet.suites import get_suite
 from ratchet.training.dataset import build_dataset, lucky, repeats
 from ratchet.training.examples import ReplayError, replay
-
 from ratchet.types import Policy, PromptRecord, SkillText, Trajectory
 from tests.factories import traj
 

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ratchet.memory import SQLiteTrajectoryStore, TrajectoryStore, TrajectorySummary, open_store
-from ratchet.memory.trajectory_store import SCHEMA_VERSION
 
 from ratchet.errors import ConfigError
+from ratchet.memory import SQLiteTrajectoryStore, TrajectoryStore, TrajectorySummary, open_store
+from ratchet.memory.trajectory_store import SCHEMA_VERSION
 from ratchet.types import Step, ToolCall, Trajectory, task_id, trajectory_id
 
 # ---------------------------------------------------------------- backends

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ratchet.memory.vector_index import DIM, Hit, MiniLMEmbedding, VectorIndex, embed
 
 from ratchet.errors import RatchetError
+from ratchet.memory.vector_index import DIM, Hit, MiniLMEmbedding, VectorIndex, embed
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage
 from prefect import flow
+
 from ratchet.agents.actor import build_actor
 from ratchet.agents.testing import ScriptedChatModel, call
+from ratchet.config import load_settings
 from ratchet.flows.runtime import LoopRuntime
 from ratchet.flows.verify import BASELINE, verify_stage
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary
 from ratchet.suites import get_suite
-
-from ratchet.config import load_settings
 
 FAMILY = "reasoning-gym:chain_sum"
 

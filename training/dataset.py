@@ -29,10 +29,9 @@ from pathlib import Path
 
 from ratchet.diagnosis.attribution import action_path, normalize_action
 from ratchet.diagnosis.signals import loop
-from ratchet.training.examples import ChatExample, ReplayError, replay
-
 from ratchet.files import write_text_atomic
 from ratchet.hashing import content_hash
+from ratchet.training.examples import ChatExample, ReplayError, replay
 from ratchet.types import Trajectory
 
 

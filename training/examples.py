@@ -18,10 +18,10 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langchain_openai.chat_models.base import _convert_message_to_dict
-from ratchet.agents.actor import build_prompt
-from ratchet.server.app import render_tools, to_chatml_messages
 
+from ratchet.agents.actor import build_prompt
 from ratchet.hashing import content_hash
+from ratchet.server.app import render_tools, to_chatml_messages
 from ratchet.types import Trajectory
 
 

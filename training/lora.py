@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ratchet.training.examples import ChatExample
-
 from ratchet.config import LoraSettings
 from ratchet.files import atomic_dir
+from ratchet.training.examples import ChatExample
 
 IGNORE = -100
 
