@@ -49,9 +49,8 @@ def main() -> None:
 
     from ratchet.agents.actor import ActorSettings
     from ratchet.agents.rollout import RolloutSlot, run_rollout
-    from ratchet.flows.rollouts import run_slots
+    from ratchet.flows.rollouts import derive_seed, run_slots
     from ratchet.flows.runtime import open_runtime
-    from ratchet.flows.stages import derive_seed
 
     with open_runtime(settings) as rt:
         tasks = rt.suite.tasks("train", args.tasks)

@@ -38,10 +38,11 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
     from scipy.stats import binomtest
 
     from ratchet.config import load_settings
+    from ratchet.flows.evaluate import evaluate_stage
+    from ratchet.flows.explore import explore_stage
     from ratchet.flows.finetune import training_dataset
     from ratchet.flows.launch import run_flow
     from ratchet.flows.runtime import open_runtime
-    from ratchet.flows.stages import evaluate_stage, explore_stage
     from ratchet.runtime_env import prepare_environment
     from ratchet.server.launcher import ensure_adapter
     from ratchet.training.lora import fit_adapter

@@ -32,7 +32,8 @@ from ratchet.cli.common import (
 )
 from ratchet.cli.library import failures, skills_app, tools_app
 from ratchet.config import Settings
-from ratchet.errors import RatchetError
+from ratchet.errors import ConfigError, RatchetError
+from ratchet.flows.loop import STAGES
 
 app = typer.Typer(
     help="Make LLM agents improve themselves from their own trajectories.",
@@ -103,7 +104,7 @@ def _start_prefect() -> None:
         start_prefect_api()
 
 
-def _launch(target: str, settings: Settings, generation: int, gate: bool = False) -> Any:
+def _launch(target: str, settings: Settings, generation: int, gate: bool = False, **params: Any) -> Any:
     """Check the input (one clear line, nothing written), then run the flow `module:name`
     with progress bars. The flow module is imported only after the checks: importing
     Prefect creates its home in the data dir."""
@@ -118,7 +119,7 @@ def _launch(target: str, settings: Settings, generation: int, gate: bool = False
     flow_obj = getattr(importlib.import_module(module), name)
     _start_prefect()
     with _progress():
-        return run_flow(flow_obj, settings, generation=generation)
+        return run_flow(flow_obj, settings, generation=generation, **params)
 
 
 # ------------------------------------------------------------------------------------ commands
@@ -151,7 +152,7 @@ def explore(
     """Explore: k rollouts per train task, stored as trajectories (rerun = resume)."""
     with guard():
         settings = load(**{"splits.train": train, "explore.rollouts_per_task": k})
-        result = _launch("ratchet.flows.explore:explore", settings, generation)
+        result = _launch(STAGES["explore"], settings, generation)
         _print_stages(settings, [result])
 
 
@@ -163,7 +164,7 @@ def evaluate(
     """Evaluate the policy on the held-out test split (fixed seeds)."""
     with guard():
         settings = load(**{"splits.test": test})
-        result = _launch("ratchet.flows.evaluate:evaluate", settings, generation)
+        result = _launch(STAGES["evaluate"], settings, generation)
         _print_stages(settings, [result])
 
 
@@ -172,7 +173,7 @@ def diagnose(generation: GenOpt = 0) -> None:
     """Diagnose every failed train rollout of a generation and cluster the failures (rerun = resume)."""
     with guard():
         settings = load()
-        result = _launch("ratchet.flows.diagnose:diagnose_flow", settings, generation)
+        result = _launch(STAGES["diagnose"], settings, generation)
         _print_diagnose(result)
 
 
@@ -181,7 +182,7 @@ def distill(generation: GenOpt = 0) -> None:
     """Distill skill, guardrail and tool candidates from a generation (after `diagnose`)."""
     with guard():
         settings = load()
-        result = _launch("ratchet.flows.distill:distill_flow", settings, generation)
+        result = _launch(STAGES["distill"], settings, generation)
         _print_distill(result)
 
 
@@ -196,7 +197,7 @@ def verify(
     """A/B-test every candidate against the champion on dev tasks; file verified or rejected."""
     with guard():
         settings = load(**{"splits.dev": dev})
-        result = _launch("ratchet.flows.verify:verify_flow", settings, generation, gate=True)
+        result = _launch(STAGES["verify"], settings, generation, gate=True)
         _print_verify(result)
 
 
@@ -208,7 +209,7 @@ def finetune(
     """Train a LoRA adapter on clean successes, gate it against the champion, promote if it wins."""
     with guard():
         settings = load(**{"splits.dev": dev})
-        print_finetune(_launch("ratchet.flows.finetune:finetune_flow", settings, generation, gate=True))
+        print_finetune(_launch(STAGES["finetune"], settings, generation, gate=True))
 
 
 @app.command()
@@ -275,14 +276,34 @@ def run(
     train: Annotated[int | None, typer.Option(help="train tasks per subset")] = None,
     test: Annotated[int | None, typer.Option(help="test tasks per subset")] = None,
     k: Annotated[int | None, typer.Option("-k", help="rollouts per train task")] = None,
+    stage: Annotated[
+        list[str] | None,
+        typer.Option("--stage", "-S", help="a stage of the loop to run (repeat; default: all but the gates)"),
+    ] = None,
 ) -> None:
-    """Run one generation: explore, diagnose, distill, evaluate; then print its summary."""
+    """Run stages of one generation (default explore, diagnose, distill, evaluate); print a summary."""
     with guard():
+        from ratchet.flows.loop import GATED_STAGES, RUN_STAGES, STAGE_NAMES
+
+        stages = tuple(stage or RUN_STAGES)
+        unknown = [s for s in stages if s not in STAGE_NAMES]
+        if unknown:
+            raise ConfigError(f"unknown stage {unknown[0]!r}", f"choose from {', '.join(STAGE_NAMES)}")
         settings = load(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
-        result = _launch("ratchet.flows.generation:generation_flow", settings, generation)
-        _print_diagnose(result.diagnose)
-        _print_distill(result.distill)
-        _print_stages(settings, [result.explore, result.evaluate], run_id=result.run_id)
+        gate = bool(set(stages) & set(GATED_STAGES))
+        result = _launch("ratchet.flows.evolve:generation_flow", settings, generation, gate, stages=stages)
+        out = result.stages
+        if "diagnose" in out:
+            _print_diagnose(out["diagnose"])
+        if "distill" in out:
+            _print_distill(out["distill"])
+        if "verify" in out:
+            _print_verify(out["verify"])
+        if "finetune" in out:
+            print_finetune(out["finetune"])
+        rollouts = [out[s] for s in ("explore", "evaluate") if s in out]
+        if rollouts:
+            _print_stages(settings, rollouts, run_id=result.run_id)
 
 
 @app.command()

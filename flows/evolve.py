@@ -1,7 +1,6 @@
-"""Prefect flow `evolve`: generations of the loop, each stage a subflow, resumable after a kill.
-
-    generation 0    evaluate                      the starting champion: the baseline
-    generation g    explore → diagnose → distill → verify → finetune → evaluate
+"""Running the loop (`ratchet.flows.loop` lists its stages): `evolve` runs generations, each
+stage a subflow; `generation` runs a subset of one generation's stages (`ratchet run`:
+explore, diagnose, distill and evaluate, without the gates), the same subflows in order.
 
 `verify` gates every candidate and promotes the winners itself when `verify.promotion` is
 "auto" (with "manual" they wait for a person: CLI, dashboard or the `promote` flow);
@@ -17,7 +16,8 @@ again skips those and reruns only the stage a kill interrupted.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow
@@ -25,29 +25,20 @@ from prefect import flow
 from ratchet import faults
 from ratchet.config import Settings, settings_from
 from ratchet.flows import tracking
-from ratchet.flows.diagnose import diagnose_flow
-from ratchet.flows.distill import distill_flow
-from ratchet.flows.evaluate import evaluate
-from ratchet.flows.explore import explore
-from ratchet.flows.finetune import finetune_flow
 from ratchet.flows.journal import Journal, stage_summary
 from ratchet.flows.launch import task_runner
+from ratchet.flows.loop import GATED_STAGES, RUN_STAGES, STAGE_NAMES, stage_flow, stages_of
 from ratchet.flows.runtime import model_endpoint, preflight
-from ratchet.flows.verify import verify_flow
-
-STAGES: dict[str, Callable[..., Any]] = {
-    "explore": explore,
-    "diagnose": diagnose_flow,
-    "distill": distill_flow,
-    "verify": verify_flow,
-    "finetune": finetune_flow,
-    "evaluate": evaluate,
-}
-BASELINE_STAGES = ("evaluate",)
 
 
-def stages_of(generation: int) -> tuple[str, ...]:
-    return BASELINE_STAGES if generation == 0 else tuple(STAGES)
+def run_stage(settings: Settings, name: str, generation: int, url: str) -> tuple[Any, str]:
+    """One stage as a subflow on the task runner the settings choose: its result (a failed
+    stage raises, as a plain call would) and its Prefect flow run id."""
+    flow_obj = stage_flow(name)
+    stage = flow_obj.with_options(task_runner=task_runner(settings, flow_obj.name))
+    state = stage(settings=settings, generation=generation, base_url=url, return_state=True)
+    out = state.result()
+    return out, str(state.state_details.flow_run_id or "")
 
 
 def check_settings(settings: Settings) -> None:
@@ -78,12 +69,8 @@ def evolve_flow(
                     continue
                 faults.point("stage.started")
                 started = time.perf_counter()
-                flow_obj = STAGES[name]
-                stage = flow_obj.with_options(task_runner=task_runner(settings, flow_obj.name))
-                state = stage(settings=settings, generation=generation, base_url=url, return_state=True)
-                out = state.result()  # a failed stage raises here, as a plain call would
+                out, run_id = run_stage(settings, name, generation, url)
                 faults.point("stage.finished")
-                run_id = str(state.state_details.flow_run_id or "")
                 journal.record(generation, name, stage_summary(out), time.perf_counter() - started, run_id)
                 if name == "evaluate":
                     points = [
@@ -91,3 +78,28 @@ def evolve_flow(
                     ]
                     tracking.log_success_curve(settings, points)
     return journal
+
+
+@dataclass
+class GenerationResult:
+    generation: int
+    run_id: str  # the generation's MLflow run
+    stages: dict[str, Any] = field(default_factory=dict)  # stage name -> its result
+
+
+@flow(name="generation", validate_parameters=False)
+def generation_flow(
+    settings: Settings, generation: int = 0, base_url: str | None = None, stages: Sequence[str] = RUN_STAGES
+) -> GenerationResult:
+    """`stages` of one generation, in the loop's order, without the journal (`ratchet run`):
+    every stage resumes from the stores on its own, so a rerun redoes only what is missing."""
+    unknown = sorted(set(stages) - set(STAGE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown stages {unknown}; the loop's stages are {list(STAGE_NAMES)}")
+    preflight(settings, gate=bool(set(stages) & set(GATED_STAGES)))
+    results = {}
+    with model_endpoint(settings, base_url) as url:
+        for name in STAGE_NAMES:
+            if name in stages:
+                results[name], _ = run_stage(settings, name, generation, url)
+    return GenerationResult(generation, tracking.generation_run_id(settings, generation), results)

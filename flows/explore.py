@@ -1,16 +1,61 @@
-"""Prefect flow `explore`: k rollouts per train task of the current policy."""
+"""Prefect flow `explore`: k sampled rollouts per train task of the current policy.
+
+Exploration (temperature, epsilon-random valid actions, expert trajectories) is a setting
+of this stage only, never of `evaluate`.
+"""
 
 from __future__ import annotations
 
+import mlflow
 from prefect import flow
 
+from ratchet.agents.actor import ActorSettings
+from ratchet.agents.rollout import EXPERT_ROLLOUT, RolloutSlot, run_expert
 from ratchet.config import Settings
 from ratchet.flows import tracking
-from ratchet.flows.runtime import open_runtime
-from ratchet.flows.stages import StageResult, explore_stage
+from ratchet.flows.rollouts import StageResult, actor_settings, derive_seed, run_split
+from ratchet.flows.runtime import LoopRuntime, open_runtime
+from ratchet.types import Policy
 
 
 @flow(name="explore", validate_parameters=False)
 def explore(settings: Settings, generation: int = 0, base_url: str | None = None) -> StageResult:
     with open_runtime(settings, base_url) as rt, tracking.generation_run(settings, generation):
         return explore_stage(rt, generation, rt.live_policy())
+
+
+def explore_stage(rt: LoopRuntime, generation: int, policy: Policy) -> StageResult:
+    """k sampled rollouts per train task, with epsilon-random exploration (never used to evaluate)."""
+    s = rt.settings
+
+    def settings_for(slot: RolloutSlot) -> ActorSettings:
+        seed = derive_seed(s.seed, slot.id)
+        return actor_settings(s, slot, s.explore.temperature, s.explore.epsilon, seed)
+
+    e = s.explore
+    params = {
+        "explore_rollouts_per_task": e.rollouts_per_task,
+        "explore_temperature": e.temperature,
+        "explore_epsilon": e.epsilon,
+    }
+    result = run_split(rt, "explore", "train", generation, policy, e.rollouts_per_task, settings_for, params)
+    if s.explore.experts:
+        seed_experts(rt, generation)
+    return result
+
+
+def seed_experts(rt: LoopRuntime, generation: int) -> int:
+    """Store one expert trajectory per train task the suite can solve; returns how many exist."""
+    s = rt.settings
+    slots = [
+        RolloutSlot(s.evolution, generation, t, EXPERT_ROLLOUT)
+        for t in rt.suite.tasks("train", s.splits.train)
+    ]
+    have = rt.store.finished_ids([sl.id for sl in slots])
+    for slot in slots:
+        if slot.id not in have and (traj := run_expert(rt.suite, slot, s.history_window)) is not None:
+            rt.store.put(traj)
+            have.add(slot.id)
+    if mlflow.active_run() is not None:
+        mlflow.log_metric("explore_expert_trajectories", len(have))
+    return len(have)

@@ -141,7 +141,7 @@ def stage_summary(out: Any) -> dict[str, Any]:
     from ratchet.flows.diagnose import DiagnoseResult
     from ratchet.flows.distill import DistillResult
     from ratchet.flows.finetune import FinetuneResult
-    from ratchet.flows.stages import StageResult
+    from ratchet.flows.rollouts import StageResult
     from ratchet.flows.verify import VerifyResult
 
     if isinstance(out, StageResult):

@@ -3,23 +3,29 @@ and skipped when a finished trajectory for the same slot is already stored (resu
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlflow
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from ratchet import faults
 from ratchet.agents.actor import ActorSettings
+from ratchet.agents.baselines import Baselines, VersusRandom
 from ratchet.agents.model import is_transient
 from ratchet.agents.rollout import RolloutSlot, run_rollout
+from ratchet.config import Settings
+from ratchet.flows import tracking
 from ratchet.flows.progress import report
 from ratchet.flows.runtime import LoopRuntime, RuntimeRef
+from ratchet.hashing import content_hash
 from ratchet.stats import wilson_interval
-from ratchet.types import Policy, Trajectory
+from ratchet.types import Policy, Split, Trajectory
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -162,4 +168,82 @@ def summarize(trajectories: Sequence[Trajectory], split: str, skipped: int = 0) 
         completion_tokens=sum(t.completion_tokens for t in finished),
         rollout_seconds=sum(t.seconds for t in finished),
         by_task={k: sum(v) / len(v) for k, v in sorted(by_task.items())},
+    )
+
+
+@dataclass
+class StageResult:
+    stage: str
+    report: RolloutReport
+    wall_seconds: float
+    policy_version: str
+    baselines: Baselines | None = None  # evaluate: random and gold levels on the same tasks
+    vs_random: VersusRandom | None = None  # evaluate: the policy against random, task by task
+
+
+def derive_seed(*parts: object) -> int:
+    return int(content_hash(list(parts), length=8), 16) % (2**31)
+
+
+def actor_settings(
+    s: Settings, slot: RolloutSlot, temperature: float, epsilon: float, seed: int
+) -> ActorSettings:
+    """How one slot is played: the stage's sampling, the suite's (or the settings') step budget."""
+    return ActorSettings(
+        max_steps=s.max_steps or slot.task.max_steps,
+        temperature=temperature,
+        epsilon=epsilon,
+        history_window=s.history_window,
+        seed=seed,
+    )
+
+
+def run_split(
+    rt: LoopRuntime,
+    stage: str,
+    split: Split,
+    generation: int,
+    policy: Policy,
+    rollouts_per_task: int,
+    settings_for: Callable[[RolloutSlot], ActorSettings],
+    params: dict[str, Any],
+) -> StageResult:
+    """`rollouts_per_task` rollouts of every task of `split` (explore and evaluate are this,
+    with their own sampling), then metrics, `params` and a sample of trajectories to MLflow."""
+    s = rt.settings
+    tasks = rt.suite.tasks(split, getattr(s.splits, split))
+    slots = [RolloutSlot(s.evolution, generation, t, r) for t in tasks for r in range(rollouts_per_task)]
+    started = time.perf_counter()
+    report = run_slots(rt, slots, policy, settings_for, stage)
+    result = StageResult(stage, report, time.perf_counter() - started, policy.version)
+    if mlflow.active_run() is not None:
+        _log_split(rt, result, split, slots, params)
+    return result
+
+
+def _log_split(
+    rt: LoopRuntime, result: StageResult, split: Split, slots: list[RolloutSlot], params: dict[str, Any]
+) -> None:
+    s = rt.settings
+    tracking.log_params(
+        {
+            "policy_version": result.policy_version,
+            "model": s.model.name,
+            "endpoint": s.model.endpoint or "embedded",
+            "suite": s.suite,
+            "experts_used": s.explore.experts,
+            f"{result.stage}_tasks": len({sl.task.id for sl in slots}),
+            **params,
+        }
+    )
+    mlflow.log_metrics(result.report.metrics(split) | {f"{result.stage}_wall_seconds": result.wall_seconds})
+    trajectories = [t for sl in slots if (t := rt.store.get(sl.id)) is not None]
+    tracking.log_success_plot(
+        result.report.by_task,
+        result.stage,
+        f"{result.stage}: success by task ({split}, policy {result.policy_version})",
+    )
+    tracking.log_trajectory_sample(trajectories, result.stage)
+    tracking.log_summary(
+        {"split": split, **result.report.__dict__, "wall_seconds": result.wall_seconds}, result.stage
     )

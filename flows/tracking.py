@@ -60,6 +60,12 @@ def _find_run(client: MlflowClient, exp_id: str, tags: dict[str, str]) -> str | 
     return runs[0].info.run_id if runs else None
 
 
+def generation_run_id(settings: Settings, generation: int) -> str:
+    """The generation's MLflow run id ("" if no stage of it has run yet)."""
+    tags = {KIND: "generation", EVOLUTION: settings.evolution, GENERATION: str(generation)}
+    return _find_run(MlflowClient(), setup_experiment(settings), tags) or ""
+
+
 @contextmanager
 def generation_run(settings: Settings, generation: int) -> Iterator[str]:
     """Open (or reopen) the evolution's parent run and the generation's child run; yield its id."""

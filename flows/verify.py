@@ -31,9 +31,8 @@ from ratchet.agents.actor import ActorSettings
 from ratchet.agents.rollout import RolloutSlot
 from ratchet.config import Settings
 from ratchet.flows import tracking
-from ratchet.flows.rollouts import play
+from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
-from ratchet.flows.stages import actor_settings, derive_seed
 from ratchet.skills.format import Skill
 from ratchet.skills.intervention import GateConfig, GateDecision, PairedOutcome, sequential_gate
 from ratchet.types import Policy, Task

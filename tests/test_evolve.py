@@ -23,8 +23,9 @@ from ratchet import faults
 from ratchet.config import load_settings
 from ratchet.dashboard.app import create_dashboard
 from ratchet.errors import ConfigError, StateFileError
-from ratchet.flows.evolve import evolve_flow, stages_of
+from ratchet.flows.evolve import evolve_flow
 from ratchet.flows.journal import Journal
+from ratchet.flows.loop import stages_of
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.library import SkillLibrary
 from ratchet.training.registry import AdapterRegistry

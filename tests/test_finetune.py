@@ -12,10 +12,10 @@ import pytest
 
 from ratchet.agents.rollout import RolloutSlot, run_expert
 from ratchet.config import Settings, load_settings
+from ratchet.flows.explore import seed_experts
 from ratchet.flows.finetune import finetune_flow
 from ratchet.flows.launch import run_flow
 from ratchet.flows.runtime import open_runtime
-from ratchet.flows.stages import seed_experts
 from ratchet.suites import get_suite
 from ratchet.training.dataset import build_dataset
 from ratchet.training.registry import AdapterRegistry, adapter_sha256

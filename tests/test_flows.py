@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ratchet.config import load_settings
-from ratchet.flows.generation import generation_flow
+from ratchet.flows.evolve import generation_flow
 from ratchet.flows.launch import run_flow
 from ratchet.flows.rollouts import summarize, wilson_interval
 from ratchet.memory.trajectory_store import open_store
@@ -76,10 +76,10 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
     assert len(experts) == 1 and experts[0].success and experts[0].split == "train"  # both suites know one
     assert all(t.status == "finished" and 1 <= t.n_steps <= 3 for t in trajs), [t.error for t in trajs]
     assert all(s.tool_call is not None for t in trajs for s in t.steps if s.source == "model" and not s.error)
-    assert all(t.policy_version == result.explore.policy_version for t in trajs)
+    assert all(t.policy_version == result.stages["explore"].policy_version for t in trajs)
     train = [t for t in trajs if t.split == "train"]
     assert train[0].seed != train[1].seed  # two different samples of the same task
-    assert result.explore.report.n == 2 and result.evaluate.report.n == 1
+    assert result.stages["explore"].report.n == 2 and result.stages["evaluate"].report.n == 1
 
     client = MlflowClient(settings.mlflow_uri)
     run = client.get_run(result.run_id)
@@ -93,18 +93,20 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
         "evaluate_wall_seconds",
     ):
         assert key in run.data.metrics, key
-    assert run.data.metrics["test_success"] == float(result.evaluate.report.success_rate)
-    assert run.data.params["policy_version"] == result.explore.policy_version
+    assert run.data.metrics["test_success"] == float(result.stages["evaluate"].report.success_rate)
+    assert run.data.params["policy_version"] == result.stages["explore"].policy_version
     assert run.data.params["suite"] == suite and run.data.params["experts_used"] == "True"
     # diagnose: one diagnosis per failed train rollout; distill: its summary, candidates with provenance
     failed = {t.id for t in train if not t.success}
     assert {d.trajectory_id for d in store.diagnoses("default", 0)} == failed
-    assert run.data.metrics["diagnose_failures"] == len(failed) == result.diagnose.failures
+    assert run.data.metrics["diagnose_failures"] == len(failed) == result.stages["diagnose"].failures
     assert "distill_procedure_candidates" in run.data.metrics
-    for c in result.distill.candidates:
+    for c in result.stages["distill"].candidates:
         assert c.skill.provenance and set(c.skill.provenance) <= {t.id for t in everything}
     if failed:  # the real teacher judged them and the distiller wrote (or drafted) a guardrail
-        assert any(c.skill.kind == "guardrail" for c in result.distill.candidates), result.distill.dropped
+        assert any(c.skill.kind == "guardrail" for c in result.stages["distill"].candidates), result.stages[
+            "distill"
+        ].dropped
         skills_dir = settings.skills_dir
         assert any(skills_dir.glob("*/SKILL.md"))
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])
@@ -129,6 +131,6 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
     before = {t.id: t.created_at for t in everything}
     again = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
     assert again.run_id == result.run_id
-    assert again.explore.report.skipped == 2 and again.evaluate.report.skipped == 1
+    assert again.stages["explore"].report.skipped == 2 and again.stages["evaluate"].report.skipped == 1
     assert {t.id: t.created_at for t in store.query(evolution="default")} == before
     store.close()
