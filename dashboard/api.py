@@ -9,7 +9,7 @@ change. Errors are one line in `{"detail": ...}`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
@@ -18,11 +18,8 @@ from ratchet.config import Settings
 from ratchet.dashboard.hosts import LoopbackOnly
 from ratchet.errors import SkillFileError, SkillStateError
 from ratchet.flows.runtime import champion_policy, open_library
+from ratchet.skills.decisions import Action
 from ratchet.skills.library import SkillLibrary
-
-Action = Literal["promote", "reject", "retire", "rollback"]
-TARGET = {"promote": "promoted", "reject": "rejected", "retire": "retired"}
-EXPECT = {"promote": "verified", "reject": None, "retire": "promoted"}  # unless the caller says
 
 
 class Decision(BaseModel):
@@ -84,12 +81,7 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
         load(name)
         before = live()
         try:
-            if action == "rollback":
-                changed = lib.rollback(name, who=decision.by, why=decision.reason)
-            else:
-                expect = decision.expect or EXPECT[action]
-                lib.transition(name, TARGET[action], who=decision.by, why=decision.reason, expect=expect)  # type: ignore[arg-type]
-                changed = [name]
+            changed = decide(lib, name, action, decision.by, decision.reason, decision.expect)  # type: ignore[arg-type]
         except SkillStateError as exc:
             raise HTTPException(409, str(exc)) from None
         return {

@@ -24,17 +24,14 @@ from ratchet.errors import RatchetError
 from ratchet.flows.journal import GenerationRow, Journal
 from ratchet.flows.tracking import EVOLUTION, GENERATION, KIND, experiment_name
 from ratchet.memory.trajectory_store import TrajectoryStore
+from ratchet.skills.decisions import AVAILABLE, latest_evidence
 from ratchet.skills.format import Skill
 from ratchet.skills.library import AuditRecord, SkillLibrary
 from ratchet.training.registry import AdapterRegistry
 from ratchet.types import Trajectory
 
 # What a person may do to a skill in each status (the library enforces it; this picks buttons).
-ACTIONS: dict[str, list[str]] = {
-    "candidate": ["reject"],
-    "verified": ["promote", "reject"],
-    "promoted": ["retire"],
-}
+ACTIONS = AVAILABLE  # the buttons each status shows
 
 
 class NotFound(RatchetError):
@@ -171,7 +168,7 @@ class DashboardData:
     def skills(self) -> tuple[list[SkillView], list[str]]:
         """Every skill with its latest gate evidence, and one line per refused skill file."""
         found, errors = self.library.scan()
-        evidence = _latest_evidence(self.library.history())
+        evidence = latest_evidence(self.library.history())
         views = [SkillView(s, evidence.get(s.name, {}), ACTIONS.get(s.status, [])) for s in found]
         order = {"verified": 0, "candidate": 1, "promoted": 2, "rejected": 3, "retired": 4}
         return sorted(views, key=lambda v: (order[v.skill.status], -v.skill.generation, v.skill.name)), errors
@@ -181,7 +178,7 @@ class DashboardData:
         stands in for one the store no longer has)."""
         skill = self.library.get(name)  # SkillStateError (404) / SkillFileError (422) for the page
         history = self.library.history(name)
-        view = SkillView(skill, _latest_evidence(history).get(name, {}), ACTIONS.get(skill.status, []))
+        view = SkillView(skill, latest_evidence(history).get(name, {}), ACTIONS.get(skill.status, []))
         provenance: list[Trajectory | str] = [self.store.get(t) or t for t in skill.provenance]
         return view, history, provenance
 
@@ -190,12 +187,3 @@ class DashboardData:
         if found is None:
             raise NotFound(f"no trajectory {trajectory_id!r} in {self.settings.trajectories_db}")
         return found
-
-
-def _latest_evidence(records: list[AuditRecord]) -> dict[str, dict[str, Any]]:
-    """skill -> the evidence of its latest gate decision (audit records carry it)."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in records:
-        if "repairs" in r.evidence:
-            out[r.skill] = r.evidence
-    return out

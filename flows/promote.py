@@ -22,6 +22,7 @@ from ratchet.config import Settings, settings_from
 from ratchet.errors import SkillStateError
 from ratchet.flows.runtime import open_library
 from ratchet.runtime_env import prepare_environment
+from ratchet.skills.decisions import decide, evidence_of
 from ratchet.skills.library import SkillLibrary
 
 
@@ -45,10 +46,13 @@ def apply_decisions(
 ) -> PromotionResult:
     """Promote and reject verified candidates; what cannot change is a conflict, not an error."""
     out = PromotionResult()
-    for names, to, done in ((promote, "promoted", out.promoted), (reject, "rejected", out.rejected)):
+    for names, action, to, done in (
+        (promote, "promote", "promoted", out.promoted),
+        (reject, "reject", "rejected", out.rejected),
+    ):
         for name in names:
             try:
-                library.transition(name, to, who=who, why=why or f"{to} by {who}", expect="verified")
+                decide(library, name, action, who=who, why=why or f"{to} by {who}", expect="verified")
                 done.append(name)
             except SkillStateError as exc:
                 out.conflicts[name] = str(exc)
@@ -63,7 +67,7 @@ def describe(library: SkillLibrary) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for s in library.list(status="verified"):
-        ev = next((r.evidence for r in reversed(library.history(s.name)) if r.to_status == "verified"), {})
+        ev = evidence_of(library, s.name)
         rows.append(
             f"| {s.name} | {s.kind} | {s.family} | {ev.get('repairs', '?')} | {ev.get('regressions', '?')} "
             f"| {ev.get('p_value', float('nan')):.3g} | {ev.get('reason', '')} |"

@@ -29,12 +29,13 @@ from prefect import flow
 
 from ratchet.agents.actor import ActorSettings
 from ratchet.agents.rollout import RolloutSlot
-from ratchet.config import Settings
+from ratchet.config import GateSettings, Settings
 from ratchet.flows import tracking
 from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
+from ratchet.skills.decisions import evidence_of
 from ratchet.skills.format import Skill
-from ratchet.skills.intervention import GateConfig, GateDecision, PairedOutcome, sequential_gate
+from ratchet.skills.intervention import GateDecision, PairedOutcome, sequential_gate
 from ratchet.types import Policy, Task
 
 BASELINE = "baseline"
@@ -75,15 +76,10 @@ def arm_name(skill: Skill) -> str:
     return f"cand-{skill.content_hash}"
 
 
-def gate_config(s: Settings, max_tasks: int) -> GateConfig:
-    v = s.verify
-    return GateConfig(
-        alpha=v.alpha,
-        max_tasks=max_tasks,
-        look_every=v.look_every,
-        max_regressions=v.max_regressions,
-        futility=v.futility,
-    )
+def gate_config(s: Settings, dev_tasks: int) -> GateSettings:
+    """The gate's settings for a dev split of `dev_tasks` tasks (its budget is capped by it)."""
+    fields = s.verify.model_dump(exclude={"promotion"})
+    return GateSettings(**fields | {"max_tasks": min(s.verify.max_tasks, dev_tasks)})
 
 
 def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> VerifyResult:
@@ -192,8 +188,7 @@ def run_gates(
 
 def _last_p(rt: LoopRuntime, name: str) -> float:
     assert rt.library is not None
-    records = [r for r in rt.library.history(name) if r.to_status == "verified"]
-    return float(records[-1].evidence.get("p_value", 1.0)) if records else 1.0
+    return float(evidence_of(rt.library, name).get("p_value", 1.0))
 
 
 def _interaction_check(

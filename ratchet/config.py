@@ -8,6 +8,7 @@ All state (trajectories, MLflow, Prefect, model cache, logs) lives under `data_d
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -112,18 +113,47 @@ class DistillSettings(Section):
     tool_memory_mb: int = Field(default=256, ge=32, description="sandbox memory limit per tool call")
 
 
-class VerifySettings(Section):
-    """The A/B gate (skills/intervention.py): a candidate runs against the champion on its
-    family's dev tasks, looked at every `look_every` tasks."""
+class GateSettings(Section):
+    """The A/B gate, declared once: `skills/intervention.py` decides with exactly these.
+
+    A candidate runs against the champion on the same dev tasks and seeds; every
+    `look_every` tasks the gate looks at the paired outcomes (exact one-sided McNemar test,
+    alpha spent over the looks) and admits, rejects (futile, or too many regressions) or
+    goes on, up to `max_tasks`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     alpha: float = Field(default=0.05, gt=0, lt=1, description="one-sided level: chance to admit a no-gain")
+    max_tasks: int = Field(
+        default=64, ge=1, description="dev tasks a candidate may use (capped by the dev split); the last look"
+    )
     look_every: int = Field(default=8, ge=1, description="dev tasks per look (both arms), then the gate")
+    spending_rho: float = Field(
+        default=1.0,
+        gt=0,
+        description="alpha spent by task t: alpha*(t/max_tasks)**rho; > 1 saves it for later",
+    )
     max_regressions: float = Field(
         default=0.1, ge=0, le=1, description="admit only with regressions <= this share of tasks seen"
     )
     futility: float = Field(
         default=0.05, ge=0, lt=1, description="stop early when success at the end is this unlikely; 0 = off"
     )
+
+    def regression_cap(self, tasks: int) -> int:
+        return math.floor(self.max_regressions * tasks + 1e-9)
+
+    def alpha_spent(self, tasks: int) -> float:
+        return self.alpha * min(1.0, tasks / self.max_tasks) ** self.spending_rho
+
+    def look_ends(self) -> list[int]:
+        """Task counts at which the gate decides: every `look_every`, and `max_tasks`."""
+        return [*range(self.look_every, self.max_tasks, self.look_every), self.max_tasks]
+
+
+class VerifySettings(GateSettings):
+    """`verify`: the gate's settings, and who promotes what it verifies."""
+
     promotion: Literal["auto", "manual"] = Field(
         default="auto", description="auto: verified candidates go live at once; manual: a person promotes"
     )

@@ -3,6 +3,7 @@ append-only JSONL logs fsynced per record and read back strictly."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -86,3 +87,16 @@ def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
                 "restore the file from a backup; ratchet will not guess what it said",
             ) from None
     return records
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on `lock` (created if missing) for the block: one writer of a
+    lifecycle at a time, across threads and processes."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -73,6 +73,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
+from ratchet.config import GateSettings
+
 Kind = Literal["repair", "regression", "unchanged"]
 Decision = Literal["accept", "reject", "continue"]
 
@@ -90,38 +92,6 @@ class PairedOutcome:
         if self.baseline == self.candidate:
             return "unchanged"
         return "repair" if self.candidate else "regression"
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    alpha: float = 0.05  # one-sided level: the most often a candidate that does not help is admitted
-    max_tasks: int = 64  # dev budget per candidate (at most the dev split); the last look is here
-    look_every: int = 8  # tasks per look: both arms run this many, then the gate is asked
-    spending_rho: float = 1.0  # alpha spent by task t is alpha*(t/max_tasks)**rho; >1 saves it for later
-    max_regressions: float = 0.1  # cap: admit only with regressions <= floor(this * tasks seen)
-    futility: float = 0.05  # reject when P(fixed-n significant at max_tasks | data) < this; 0 = off
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.max_tasks < 1 or self.look_every < 1:
-            raise ValueError("max_tasks and look_every must be at least 1")
-        if self.spending_rho <= 0:
-            raise ValueError(f"spending_rho must be positive, got {self.spending_rho}")
-        if not 0 <= self.max_regressions <= 1:
-            raise ValueError(f"max_regressions is a fraction of tasks in [0, 1], got {self.max_regressions}")
-        if not 0 <= self.futility < 1:
-            raise ValueError(f"futility is a probability threshold in [0, 1), got {self.futility}")
-
-    def regression_cap(self, tasks: int) -> int:
-        return math.floor(self.max_regressions * tasks + 1e-9)
-
-    def alpha_spent(self, tasks: int) -> float:
-        return self.alpha * min(1.0, tasks / self.max_tasks) ** self.spending_rho
-
-    def look_ends(self) -> list[int]:
-        """Task counts at which the gate decides: every `look_every`, and `max_tasks`."""
-        return [*range(self.look_every, self.max_tasks, self.look_every), self.max_tasks]
 
 
 @dataclass(frozen=True)
@@ -198,7 +168,7 @@ class _Look:
 
 
 @lru_cache(maxsize=4096)
-def _design(counts: tuple[int, ...], cfg: GateConfig) -> _Look:
+def _design(counts: tuple[int, ...], cfg: GateSettings) -> _Look:
     """The look after looks with these discordant counts (one per look, in order)."""
     if not counts:
         return _Look((1,), 0, 1)  # before any pair: the empty sequence, nothing crossed
@@ -218,7 +188,7 @@ def _design(counts: tuple[int, ...], cfg: GateConfig) -> _Look:
     return _Look(tuple(paths), crossed, r)
 
 
-def _reachable_by_repairs(counts: tuple[int, ...], s: Summary, cfg: GateConfig) -> bool:
+def _reachable_by_repairs(counts: tuple[int, ...], s: Summary, cfg: GateSettings) -> bool:
     """Curtailment: could a later look admit if every remaining task were a repair?"""
     ends = cfg.look_ends()
     future = counts
@@ -231,7 +201,7 @@ def _reachable_by_repairs(counts: tuple[int, ...], s: Summary, cfg: GateConfig) 
 
 
 @lru_cache(maxsize=65536)
-def _predictive_success(repairs: int, regressions: int, unchanged: int, cfg: GateConfig) -> float:
+def _predictive_success(repairs: int, regressions: int, unchanged: int, cfg: GateSettings) -> float:
     """P(fixed-n exact test significant, within the cap, at max_tasks | data so far).
 
     Dirichlet(1, 1, 1) prior on the per-task rates of repair, regression, unchanged; the
@@ -261,7 +231,7 @@ def _predictive_success(repairs: int, regressions: int, unchanged: int, cfg: Gat
     return min(1.0, total)
 
 
-def _check(outcomes: Sequence[PairedOutcome], cfg: GateConfig) -> None:
+def _check(outcomes: Sequence[PairedOutcome], cfg: GateSettings) -> None:
     if len(outcomes) > cfg.max_tasks:
         raise ValueError(
             f"{len(outcomes)} outcomes for a budget of max_tasks={cfg.max_tasks}: stop at the budget"
@@ -273,7 +243,7 @@ def _check(outcomes: Sequence[PairedOutcome], cfg: GateConfig) -> None:
         seen.add(o.task_id)
 
 
-def _verdict(counts: tuple[int, ...], s: Summary, cfg: GateConfig) -> tuple[Decision, str, _Look]:
+def _verdict(counts: tuple[int, ...], s: Summary, cfg: GateSettings) -> tuple[Decision, str, _Look]:
     """The decision at one look (the last of `counts`), its reason and the null distribution."""
     end = cfg.look_ends()[len(counts) - 1]
     look = _design(counts, cfg)
@@ -301,7 +271,7 @@ def _verdict(counts: tuple[int, ...], s: Summary, cfg: GateConfig) -> tuple[Deci
     return "continue", f"continue: {s}, p={_fmt_p(p)}; significance here needed {r_k} repairs", look
 
 
-def sequential_gate(outcomes: Sequence[PairedOutcome], cfg: GateConfig) -> GateDecision:
+def sequential_gate(outcomes: Sequence[PairedOutcome], cfg: GateSettings) -> GateDecision:
     """The gate's decision after the outcomes so far, in the order they were run.
 
     The looks are replayed from the start, so the answer is a pure function of the history:
@@ -334,7 +304,7 @@ def sequential_gate(outcomes: Sequence[PairedOutcome], cfg: GateConfig) -> GateD
 # -- fixed-n comparison design
 
 
-def fixed_n_gate(outcomes: Sequence[PairedOutcome], cfg: GateConfig) -> GateDecision:
+def fixed_n_gate(outcomes: Sequence[PairedOutcome], cfg: GateSettings) -> GateDecision:
     """Exact one-sided McNemar on all `max_tasks` pairs at alpha, with the same regression cap.
 
     Before the budget is spent the answer is "continue": this design may not peek. `statistic`

@@ -30,13 +30,12 @@ of piling up; a near-duplicate of a rejected skill stays rejected.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,7 +45,7 @@ from pydantic import BaseModel, Field
 
 from ratchet import faults
 from ratchet.errors import SkillFileError, SkillStateError
-from ratchet.files import append_line, read_jsonl
+from ratchet.files import append_line, exclusive, read_jsonl
 from ratchet.memory.vector_index import VectorIndex
 from ratchet.skills.format import FILE, TRANSITIONS, Skill, SkillKind, SkillStatus, load, render, write_files
 
@@ -302,14 +301,8 @@ class SkillLibrary:
     def _last_records(self) -> dict[str, AuditRecord]:
         return {r.skill: r for r in self.history()}
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with open(self.root / ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> AbstractContextManager[None]:
+        return exclusive(self.root / ".lock")
 
 
 def _document(skill: Skill) -> str:

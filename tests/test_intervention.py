@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ratchet.skills.intervention import (
-    GateConfig,
     GateDecision,
+    GateSettings,
     PairedOutcome,
     binomial_p_value,
     fixed_n_gate,
@@ -30,7 +30,7 @@ def _outs(pattern: str) -> list[PairedOutcome]:
     return [PairedOutcome(f"t{i}", *KIND_TO_PAIR[k]) for i, k in enumerate(kinds)]
 
 
-def _look_by_look(outcomes: list[PairedOutcome], cfg: GateConfig) -> Iterator[GateDecision]:
+def _look_by_look(outcomes: list[PairedOutcome], cfg: GateSettings) -> Iterator[GateDecision]:
     """What the verify flow does: run a group of tasks, ask the gate, stop when it decides."""
     for end in cfg.look_ends():
         d = sequential_gate(outcomes[:end], cfg)
@@ -54,7 +54,7 @@ def test_kinds() -> None:
 
 
 def test_clear_winner_is_accepted_at_the_first_look() -> None:
-    cfg = GateConfig()
+    cfg = GateSettings()
     d = sequential_gate(_outs("+" * 8), cfg)
     assert (d.decision, d.looks, d.tasks) == ("accept", 1, 8)
     assert d.p_value == pytest.approx(2**-8) and d.p_value <= cfg.alpha_spent(8)
@@ -64,23 +64,23 @@ def test_clear_winner_is_accepted_at_the_first_look() -> None:
 
 
 def test_one_regression_short_of_the_first_boundary_continues() -> None:
-    d = sequential_gate(_outs("+" * 7 + "="), GateConfig())
+    d = sequential_gate(_outs("+" * 7 + "="), GateSettings())
     assert d.decision == "continue" and d.statistic == 8  # 7/7 has p = 2**-7 > alpha/8
 
 
 def test_clear_loser_over_the_regression_cap_is_rejected_early() -> None:
-    cfg = GateConfig()  # cap: 10% of 64 tasks = 6 regressions
+    cfg = GateSettings()  # cap: 10% of 64 tasks = 6 regressions
     d = sequential_gate(_outs("-" * 7 + "=" * 9), cfg)
     assert (d.decision, d.tasks) == ("reject", 8) and d.reason.startswith("too many regressions")
 
 
 def test_harmful_trend_is_rejected_for_futility_before_the_budget() -> None:
-    d = sequential_gate(_outs("-+-=" * 4), GateConfig())
+    d = sequential_gate(_outs("-+-=" * 4), GateSettings())
     assert d.decision == "reject" and d.tasks < 64 and d.reason.startswith("futile")
 
 
 def test_cap_blocks_a_significant_gain_until_regressions_are_within_it() -> None:
-    cfg = GateConfig()
+    cfg = GateSettings()
     outs = _outs("+" * 7 + "-" + "+" * 7 + "-" + "=" * 8)
     blocked = sequential_gate(outs[:16], cfg)  # 14 vs 2: significant, but 2 > floor(0.1 * 16)
     assert blocked.decision == "continue" and blocked.p_value <= cfg.alpha_spent(16)
@@ -90,7 +90,7 @@ def test_cap_blocks_a_significant_gain_until_regressions_are_within_it() -> None
 
 @pytest.mark.parametrize("futility", [0.05, 0.0])
 def test_no_discordant_pairs_is_never_accepted(futility: float) -> None:
-    cfg = GateConfig(futility=futility)
+    cfg = GateSettings(futility=futility)
     outs = _outs("=0" * 32)
     decisions = list(_look_by_look(outs, cfg))
     assert all(d.decision != "accept" for d in decisions)
@@ -102,7 +102,7 @@ def test_no_discordant_pairs_is_never_accepted(futility: float) -> None:
 
 
 def test_curtailment_when_even_all_repairs_cannot_win() -> None:
-    cfg = GateConfig(futility=0.0, max_regressions=1.0)
+    cfg = GateSettings(futility=0.0, max_regressions=1.0)
     d = sequential_gate(_outs("-" * 40), cfg)
     assert d.decision == "reject" and d.tasks < 40 and "every remaining task is a repair" in d.reason
 
@@ -117,7 +117,9 @@ def test_exact_false_accept_rate_is_at_most_alpha(
     probability d/2, d/2, 1-d): the exact probability of admission is within alpha, without
     the cap and futility stops that could only lower it, and not wastefully below it (a design
     that double-counted crossed paths would spend only half; discreteness costs the rest)."""
-    cfg = GateConfig(alpha=0.1, max_tasks=max_tasks, look_every=look_every, max_regressions=1.0, futility=0.0)
+    cfg = GateSettings(
+        alpha=0.1, max_tasks=max_tasks, look_every=look_every, max_regressions=1.0, futility=0.0
+    )
     probs = {"+": discordance / 2, "-": discordance / 2, "=": 1 - discordance}
     total = 0.0
     for kinds in itertools.product("+-=" if discordance < 1 else "+-", repeat=max_tasks):
@@ -128,7 +130,7 @@ def test_exact_false_accept_rate_is_at_most_alpha(
 
 @pytest.mark.parametrize("discordance", [0.3, 1.0])
 def test_sequential_gate_holds_alpha_where_naive_peeking_does_not(discordance: float) -> None:
-    cfg = GateConfig(max_regressions=1.0, futility=0.0)  # no cap, no futility: the hardest case
+    cfg = GateSettings(max_regressions=1.0, futility=0.0)  # no cap, no futility: the hardest case
     rng = np.random.default_rng(7)
     sims = 3000
     gate_accepts = peek_accepts = 0
@@ -146,7 +148,7 @@ def test_sequential_gate_holds_alpha_where_naive_peeking_does_not(discordance: f
 
 def test_fixed_n_gate_agrees_with_scipy_binomtest() -> None:
     stats = pytest.importorskip("scipy.stats")
-    cfg = GateConfig(max_tasks=40, max_regressions=1.0)
+    cfg = GateSettings(max_tasks=40, max_regressions=1.0)
     for repairs, regressions in itertools.product(range(0, 25, 3), range(0, 16, 3)):
         outs = _outs("+" * repairs + "-" * regressions + "=" * (40 - repairs - regressions))
         d = fixed_n_gate(outs, cfg)
@@ -160,14 +162,14 @@ def test_fixed_n_gate_agrees_with_scipy_binomtest() -> None:
 
 
 def test_fixed_n_gate_applies_the_cap_and_waits_for_the_budget() -> None:
-    cfg = GateConfig(max_tasks=40)  # cap 4
+    cfg = GateSettings(max_tasks=40)  # cap 4
     assert fixed_n_gate(_outs("+" * 20 + "-" * 5 + "=" * 15), cfg).reason.startswith("too many regressions")
     assert fixed_n_gate(_outs("+" * 20 + "-" * 4 + "=" * 16), cfg).decision == "accept"
     assert fixed_n_gate(_outs("+" * 20), cfg).decision == "continue"
 
 
 def test_decisions_are_deterministic_and_a_stop_is_final() -> None:
-    cfg = GateConfig()
+    cfg = GateSettings()
     rng = np.random.default_rng(3)
     for _ in range(50):
         outs = _aa(rng, cfg.max_tasks, 0.4)
@@ -182,13 +184,13 @@ def test_decisions_are_deterministic_and_a_stop_is_final() -> None:
 
 
 def test_a_partial_group_is_not_a_look() -> None:
-    d = sequential_gate(_outs("=" * 8 + "+" * 4), GateConfig())
+    d = sequential_gate(_outs("=" * 8 + "+" * 4), GateSettings())
     assert (d.decision, d.looks, d.tasks) == ("continue", 1, 8)
-    assert sequential_gate(_outs("+" * 5), GateConfig()).looks == 0
+    assert sequential_gate(_outs("+" * 5), GateSettings()).looks == 0
 
 
 def test_reason_is_one_readable_line() -> None:
-    cfg = GateConfig()
+    cfg = GateSettings()
     cases = ["+" * 8, "-" * 7 + "=", "=" * 64, "+=" * 32, "+-" * 32, "=" * 8, "+" * 3]
     for pattern in cases:
         for d in (sequential_gate(_outs(pattern), cfg), fixed_n_gate(_outs(pattern), cfg)):
@@ -197,8 +199,8 @@ def test_reason_is_one_readable_line() -> None:
 
 def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match="appears twice"):
-        sequential_gate([PairedOutcome("a", False, True)] * 2, GateConfig())
+        sequential_gate([PairedOutcome("a", False, True)] * 2, GateSettings())
     with pytest.raises(ValueError, match="budget"):
-        sequential_gate(_outs("=" * 65), GateConfig())
+        sequential_gate(_outs("=" * 65), GateSettings())
     with pytest.raises(ValueError, match="alpha"):
-        GateConfig(alpha=0)
+        GateSettings(alpha=0)

@@ -18,12 +18,10 @@ Before an adapter is served, its files are hashed again; a mismatch is refused.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,10 +30,11 @@ from typing import Any
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.config import Settings
 from ratchet.errors import AdapterError, AdapterStateError
-from ratchet.files import atomic_dir
+from ratchet.files import append_line, atomic_dir, exclusive, read_jsonl
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 CHAMPION = "champion"
@@ -58,6 +57,20 @@ def adapter_sha256(adapter_dir: Path) -> str:
 
 def registered_name(evolution: str) -> str:
     return f"ratchet-{evolution}-adapter"
+
+
+class AdapterAuditRecord(BaseModel):
+    """One line of `adapters/audit.jsonl`: a status change of an adapter version."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    version: int
+    from_: str = Field(alias="from")
+    to: str
+    who: str
+    why: str
+    at: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -207,8 +220,9 @@ class AdapterRegistry:
         return None if previous is None else self.get(previous.version)
 
     def audit(self) -> list[dict[str, Any]]:
-        path = self.root / "audit.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        """Every status change, oldest first (a damaged log is one StateFileError line)."""
+        records = read_jsonl(self.root / "audit.jsonl", AdapterAuditRecord, "the adapter audit log")
+        return [r.model_dump(by_alias=True) for r in records]
 
     # -- internals
 
@@ -264,9 +278,7 @@ class AdapterRegistry:
             "at": datetime.now(UTC).isoformat(),
             "evidence": evidence,
         }
-        self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / "audit.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.root / "audit.jsonl", json.dumps(record))
 
     def _restore(self, v: AdapterVersion, path: Path) -> None:
         """Bring back a local copy from the MLflow artifact (the data dir was moved or pruned)."""
@@ -283,12 +295,5 @@ class AdapterRegistry:
         got.rename(path)
         shutil.rmtree(self.root / ".dl", ignore_errors=True)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / ".lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> AbstractContextManager[None]:
+        return exclusive(self.root / ".lock")
