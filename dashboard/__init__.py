@@ -1,1 +1,1 @@
-"""The dashboard: an HTTP API over the loop's state (pages come with the evolve issue)."""
+"""The dashboard (`ratchet.dashboard`): server-rendered pages and the HTTP API over the loop's state."""

@@ -19,6 +19,7 @@ from ratchet.dashboard.hosts import LoopbackOnly
 from ratchet.errors import SkillFileError, SkillStateError
 from ratchet.flows.runtime import champion_policy, open_library
 from ratchet.skills.decisions import Action
+from ratchet.skills.decisions import decide as apply_decision
 from ratchet.skills.library import SkillLibrary
 
 
@@ -81,7 +82,7 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
         load(name)
         before = live()
         try:
-            changed = decide(lib, name, action, decision.by, decision.reason, decision.expect)  # type: ignore[arg-type]
+            changed = apply_decision(lib, name, action, decision.by, decision.reason, decision.expect)  # type: ignore[arg-type]
         except SkillStateError as exc:
             raise HTTPException(409, str(exc)) from None
         return {

@@ -1,1 +1,2 @@
-"""Prefect flows, one module per stage of the loop (explore, evaluate, generation, ...)."""
+"""Prefect flows (`ratchet.flows`), one module per stage of the loop (`loop.py` lists them),
+plus running the loop (`evolve.py`), the journal, tracking and the runtime they share."""

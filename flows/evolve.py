@@ -54,7 +54,7 @@ def evolve_flow(
     config: str | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> Journal:
-    """Generations 0..N of the evolution (N = `evolve.generations`; 0 = the baseline alone).
+    """Generations 0..N of the evolution (N = `evolve.generations`, at least 1).
 
     A deployment passes `config` (a ratchet.toml path) and `overrides` (dotted keys, no
     secrets) instead of `settings`: the Prefect server stores parameters as JSON."""

@@ -5,7 +5,7 @@ backend (one file in WAL mode, safe for a thread pool of rollouts writing at onc
 Postgres backend can implement the same protocol later; `open_store` picks the backend.
 
 Writes are upserts on `Trajectory.id`, which is derived from (evolution, generation,
-task_id, rollout): rerunning a killed generation rewrites the same rows, and
+task_id, rollout, arm): rerunning a killed generation rewrites the same rows, and
 `finished_ids` tells a flow which rollouts it can skip.
 """
 

@@ -78,7 +78,7 @@ class EvaluateSettings(Section):
         default=5,
         ge=0,
         description="episodes per test task of the random valid-action policy, reported beside every "
-        "test success with the gold path (no model: seconds); 0 = off",
+        "test success with the gold path (no model: seconds); 0 = neither",
     )
 
 

@@ -2,7 +2,7 @@
 
 One registered model per evolution (`ratchet-<evolution>-adapter`). Each trained adapter is
 a model version whose source is the training run's `adapter` artifact, tagged with its
-sha256, dataset version and LoRA config hash; a copy lives under `data_dir/adapters/<sha>`
+sha256, dataset version and LoRA config hash; a copy lives under `data_dir/adapters/<sha[:16]>`
 for the model server to load. Lifecycle, as version tags:
 
     candidate ─(gate passes)→ verified ─(auto, or a person)→ promoted ─(rollback)→ retired
