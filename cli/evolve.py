@@ -10,12 +10,15 @@ from ratchet.cli.common import console
 from ratchet.config import Settings
 
 
-def versus(row: Any) -> str:
-    """Random's level on the same tasks, and whether the policy beats it (one-sided sign test)."""
-    if row.random_success is None:
+def bar(row: Any) -> str:
+    """'53%/100%': random's and gold's levels on the same tasks; ▲ when the policy beats random
+    (one-sided sign test, p <= 0.05)."""
+    if row.random_success is None and row.gold_success is None:
         return "—"
-    mark = "" if row.vs_random_p is None else (" ▲" if row.vs_random_p <= 0.05 else "")
-    return f"{row.random_success:.0%}{mark}"
+    rnd = "n/a" if row.random_success is None else f"{row.random_success:.0%}"
+    gold = "n/a" if row.gold_success is None else f"{row.gold_success:.0%}"
+    beats = row.vs_random_p is not None and row.vs_random_p <= 0.05
+    return f"{'▲ ' if beats else ''}{rnd}/{gold}"
 
 
 def print_evolution(settings: Settings, journal: Any) -> None:
@@ -23,8 +26,7 @@ def print_evolution(settings: Settings, journal: Any) -> None:
     table = Table(
         "gen",
         "test [95% CI]",
-        "random",
-        "gold",
+        "random/gold",
         "explore",
         "gated",
         "promoted",
@@ -42,8 +44,7 @@ def print_evolution(settings: Settings, journal: Any) -> None:
         table.add_row(
             str(row.generation),
             test,
-            versus(row),
-            "—" if row.gold_success is None else f"{row.gold_success:.0%}",
+            bar(row),
             "—" if row.explore_success is None else f"{row.explore_success:.0%}",
             str(row.candidates),
             ", ".join(row.promoted) or "—",
@@ -54,8 +55,8 @@ def print_evolution(settings: Settings, journal: Any) -> None:
         )
     console.print(table)
     console.print(
-        "random: a uniformly random valid action each step, same tasks and step budget (▲: the policy "
-        "beats it, sign test p ≤ 0.05); gold: the suite's reference solutions",
+        "random/gold: a uniformly random valid action each step and the suite's reference solutions, "
+        "on the same test tasks and step budget (▲: the policy beats random, sign test p ≤ 0.05)",
         soft_wrap=True,
     )
     console.print(f"journal: {journal.path}", soft_wrap=True)

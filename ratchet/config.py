@@ -152,7 +152,10 @@ class GateSettings(Section):
 
 
 class VerifySettings(GateSettings):
-    """`verify`: the gate's settings, and who promotes what it verifies."""
+    """`verify`: the gate's settings, and who promotes what it verifies. Mutable like every
+    section; the gate itself gets a frozen `GateSettings` (`flows.verify.gate_config`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
 
     promotion: Literal["auto", "manual"] = Field(
         default="auto", description="auto: verified candidates go live at once; manual: a person promotes"

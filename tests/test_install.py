@@ -8,6 +8,7 @@ ratchet work side by side. The editable install is what every other test runs on
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -23,19 +24,13 @@ BARE = ("agents", "memory", "skills", "flows", "server")
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # a copy of the sources: setuptools writes build/ and *.egg-info into the tree it builds
+    src = tmp_path_factory.mktemp("src") / "ratchet"
+    skip = shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "bench", "tests", "docs")
+    shutil.copytree(ROOT, src, ignore=skip)
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(ROOT),
-        ],
+        [*pip_wheel, "-w", str(out), str(src)],
         check=True,
         capture_output=True,
         timeout=600,
