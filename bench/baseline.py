@@ -101,7 +101,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=10, help="random-policy episodes per task")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--no-model", action="store_true", help="random and gold only (seconds, no model server)")
-    p.add_argument("--split", choices=["test", "dev"], default="test", help="with --no-model: which split")
+    p.add_argument(
+        "--split", choices=["test", "dev", "train"], default="test", help="with --no-model: which split"
+    )
     p.add_argument("--max-steps", type=int, default=None, help="with --no-model: override the step budget")
     p.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/baseline*.json)")
     args = p.parse_args()
