@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One command that installs everything ratchet needs on a fresh Debian machine:
-# Java 17 (TextWorldExpress), chromium (the dashboard's browser test), a virtualenv in
+# Java 17 (TextWorldExpress), bubblewrap (the tool sandbox), chromium (the dashboard's
+# browser test), a virtualenv in
 # .venv, torch==2.13.0 (CPU build), ratchet itself with its test tools, and the shipped
 # model package.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 
-# System packages: Java 17 for TextWorldExpress; chromium for the dashboard's browser test
-# (Playwright drives Debian's chromium: nothing is downloaded at test time).
+# System packages: Java 17 for TextWorldExpress; bubblewrap, the OS isolation tool code runs
+# in; chromium for the dashboard's browser test (Playwright drives Debian's chromium:
+# nothing is downloaded at test time).
 APT=()
 java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])' || APT+=(openjdk-17-jre-headless)
 command -v chromium >/dev/null || APT+=(chromium)
