@@ -28,6 +28,12 @@ from ratchet.stats import wilson_interval
 from ratchet.suites.base import ActionError, Suite
 from ratchet.types import Task
 
+BEATS_RANDOM_P = 0.05  # "beats random": the one-sided sign test's p-value at most this
+
+
+def beats_random(p_value: float | None) -> bool:
+    return p_value is not None and p_value <= BEATS_RANDOM_P
+
 
 @dataclass(frozen=True)
 class Level:
@@ -73,8 +79,8 @@ class VersusRandom:
     ties: int
     p_value: float  # exact one-sided sign test: P(at least `better` of better+worse | no difference)
 
-    def beats(self, alpha: float = 0.05) -> bool:
-        return self.p_value <= alpha
+    def beats(self) -> bool:
+        return beats_random(self.p_value)
 
 
 def play_random(suite: Suite, task: Task, rng: random.Random, max_steps: int | None = None) -> bool | None:

@@ -93,12 +93,14 @@ def random_levels(settings: Settings, rows: list[Any]) -> dict[int, dict[str, An
     """Random and gold on the evolution's test tasks, and each generation's sign test against
     random from its stored test trajectories (no model: seconds)."""
     from ratchet.agents.baselines import baselines, versus_random
+    from ratchet.flows.rollouts import summarize
     from ratchet.memory.trajectory_store import open_store
     from ratchet.suites import get_suite
 
     suite = get_suite(settings.suite)
     try:
-        levels = baselines(suite, suite.tasks("test", settings.splits.test), settings.evaluate.baseline_seeds)
+        tasks = suite.tasks("test", settings.splits.test)
+        levels = baselines(suite, tasks, settings.evaluate.baseline_seeds, settings.max_steps)
     finally:
         suite.close()
     if levels.random is None:
@@ -107,10 +109,7 @@ def random_levels(settings: Settings, rows: list[Any]) -> dict[int, dict[str, An
     out = {}
     for r in rows:
         trajs = store.query(evolution=settings.evolution, generation=r.generation, split="test")
-        by_task: dict[str, list[bool]] = {}
-        for t in trajs:
-            by_task.setdefault(t.task_id, []).append(t.success)
-        champion = {k: sum(v) / len(v) for k, v in by_task.items()}
+        champion = summarize(trajs, "test").by_task  # per-task success, as the evaluate stage counts it
         p = versus_random(champion, levels.random.by_task).p_value if champion else None
         out[r.generation] = {"random": levels.random.rate, "gold": levels.gold and levels.gold.rate, "p": p}
     store.close()

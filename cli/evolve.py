@@ -17,8 +17,7 @@ def bar(row: Any) -> str:
         return "—"
     rnd = "n/a" if row.random_success is None else f"{row.random_success:.0%}"
     gold = "n/a" if row.gold_success is None else f"{row.gold_success:.0%}"
-    beats = row.vs_random_p is not None and row.vs_random_p <= 0.05
-    return f"{'▲ ' if beats else ''}{rnd}/{gold}"
+    return f"{'▲ ' if row.beats_random else ''}{rnd}/{gold}"
 
 
 def print_evolution(settings: Settings, journal: Any) -> None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ratchet.agents.baselines import beats_random
 from ratchet.config import Settings
 from ratchet.errors import StateFileError
 from ratchet.files import write_text_atomic
@@ -52,6 +53,10 @@ class GenerationRow:
     random_ci95: tuple[float, float] | None = None
     gold_success: float | None = None  # the suite's reference solutions on the same test tasks
     vs_random_p: float | None = None  # one-sided sign test: the policy beats random, task by task
+
+    @property
+    def beats_random(self) -> bool:
+        return beats_random(self.vs_random_p)
 
     @property
     def test_success(self) -> float | None:

@@ -21,7 +21,6 @@ from ratchet.agents.actor import build_actor
 from ratchet.agents.model import chat_model
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, EndpointError
-from ratchet.files import read_jsonl
 from ratchet.flows.tracking import audit_logger
 from ratchet.memory.retrieval import SkillRetriever
 from ratchet.memory.trajectory_store import TrajectoryStore, open_store
@@ -30,7 +29,7 @@ from ratchet.runtime_env import prepare_environment
 from ratchet.server.launcher import EmbeddedServer, check_endpoint, check_port_free, ensure_adapter
 from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf
 from ratchet.skills.format import Skill
-from ratchet.skills.library import AUDIT, AuditRecord, SkillLibrary
+from ratchet.skills.library import SkillLibrary, read_audit
 from ratchet.skills.toolbox import Toolbox
 from ratchet.suites import Suite, get_suite
 from ratchet.training.registry import AdapterRegistry, AdapterVersion
@@ -226,7 +225,7 @@ def check_state_files(settings: Settings) -> None:
             store.check_integrity()
         finally:
             store.close()
-    read_jsonl(settings.skills_dir / AUDIT, AuditRecord, "the skill audit log")
+    read_audit(settings.skills_dir)
     if (settings.data_dir / "mlflow.db").is_file():  # else no adapter was ever registered
         registry = AdapterRegistry(settings)
         champion = registry.champion()

@@ -153,8 +153,7 @@ class SkillLibrary:
         ]
 
     def history(self, name: str | None = None) -> list[AuditRecord]:
-        records = read_jsonl(self.root / AUDIT, AuditRecord, "the skill audit log")
-        return [r for r in records if name is None or r.skill == name]
+        return [r for r in read_audit(self.root) if name is None or r.skill == name]
 
     # -- writing
 
@@ -303,6 +302,12 @@ class SkillLibrary:
 
     def _locked(self) -> AbstractContextManager[None]:
         return exclusive(self.root / ".lock")
+
+
+def read_audit(root: Path) -> list[AuditRecord]:
+    """The library's audit log at `root` (read strictly: a damaged line is a StateFileError);
+    creates nothing, so a preflight can check it before any state is written."""
+    return read_jsonl(root / AUDIT, AuditRecord, "the skill audit log")
 
 
 def _document(skill: Skill) -> str:
