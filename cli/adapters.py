@@ -1,8 +1,7 @@
-"""CLI for the policy's LoRA adapters: `ratchet adapters list|show|promote|rollback`."""
+"""CLI for the policy's LoRA adapters: `ratchet adapters list|show|promote|reject|retire|rollback`."""
 
 from __future__ import annotations
 
-import getpass
 import json
 from typing import Annotated, Any
 
@@ -10,14 +9,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ratchet.cli.common import console, guard, load
+from ratchet.cli.common import ByOpt, ReasonOpt, change, console, guard, load
+from ratchet.errors import AdapterStateError
 
 adapters_app = typer.Typer(
     help="LoRA adapters of the policy (MLflow registry; the `champion` alias is live).", no_args_is_help=True
 )
-
-ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit log)")]
-ByOpt = Annotated[str | None, typer.Option("--by", help="who decides (default: your user name)")]
 
 
 def _registry():  # type: ignore[no-untyped-def]
@@ -68,31 +65,50 @@ def adapters_show(version: int) -> None:
         console.print(f"dataset {v.dataset} · config {v.config}")
         if v.evidence:
             console.print(escape(json.dumps({k: x for k, x in v.evidence.items() if k != "pairs"}, indent=2)))
-        for r in registry.audit():
-            if r["version"] == version:
-                console.print(f"{r['at']}  {r['from'] or '-'} → {r['to']}  by {r['who']}: {escape(r['why'])}")
+        for r in registry.lifecycle.records(v.name):
+            console.print(
+                f"{r.at:%Y-%m-%d %H:%M:%S}  {r.from_status or '-'} → {r.to_status}  "
+                f"by {r.who}: {escape(r.why)}"
+            )
 
 
 @adapters_app.command("promote")
 def adapters_promote(version: int, reason: ReasonOpt, by: ByOpt = None) -> None:
-    """Make a verified adapter the champion (the next rollouts use it)."""
+    """Make a verified (or retired) adapter the champion: the next rollouts use it."""
     with guard():
-        registry = _registry()
-        before = registry.champion()
-        v = registry.promote(version, who=by or getpass.getuser(), why=reason)
-        was = f"v{before.version}" if before else "base model"
-        console.print(f"promoted: adapter v{v.version} is the champion (was {was})")
+        change("adapter", str(version), "promote", reason, by)
+
+
+@adapters_app.command("reject")
+def adapters_reject(version: int, reason: ReasonOpt, by: ByOpt = None) -> None:
+    """Reject a candidate or verified adapter."""
+    with guard():
+        change("adapter", str(version), "reject", reason, by)
+
+
+@adapters_app.command("retire")
+def adapters_retire(version: int, reason: ReasonOpt, by: ByOpt = None) -> None:
+    """Retire a promoted adapter; if it was the champion, the one promoted before it is live."""
+    with guard():
+        change("adapter", str(version), "retire", reason, by)
 
 
 @adapters_app.command("rollback")
-def adapters_rollback(reason: ReasonOpt, by: ByOpt = None) -> None:
-    """Retire the champion adapter; the previous champion (or the base model) is live again."""
+def adapters_rollback(
+    reason: ReasonOpt,
+    version: Annotated[
+        int | None, typer.Argument(help="the promotion to undo (default: the champion)")
+    ] = None,
+    by: ByOpt = None,
+) -> None:
+    """Undo a promotion and every later one: the champion is what it was before (or the base model)."""
     with guard():
-        registry = _registry()
-        current = registry.champion()
-        previous = registry.rollback(who=by or getpass.getuser(), why=reason)
-        now = f"adapter v{previous.version}" if previous else "the base model"
-        console.print(f"rolled back: v{current.version if current else '?'} retired; {now} is live")
+        if version is None:
+            champion = _registry().champion()
+            if champion is None:
+                raise AdapterStateError("there is no champion adapter to roll back", "nothing to do")
+            version = champion.version
+        change("adapter", str(version), "rollback", reason, by)
 
 
 def print_finetune(result: Any) -> None:

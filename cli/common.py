@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.console import Console
 from ratchet.config import Settings, load_settings
 from ratchet.errors import RatchetError
 from ratchet.runtime_env import prepare_environment
+
+if TYPE_CHECKING:
+    from ratchet.decisions import Action
 
 console = Console()
 err = Console(stderr=True)
@@ -29,6 +32,8 @@ EndpointOpt = Annotated[
     str | None, typer.Option("--endpoint", help="OpenAI-compatible base URL; empty = embedded")
 ]
 GenOpt = Annotated[int, typer.Option("--generation", "-g", min=0, help="generation number")]
+ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit log)")]
+ByOpt = Annotated[str | None, typer.Option("--by", help="who decides (default: your user name)")]
 
 
 def load(**overrides: Any) -> Settings:
@@ -40,6 +45,31 @@ def load(**overrides: Any) -> Settings:
     for noisy in ("mlflow", "alembic", "py4j", "httpx", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return settings
+
+
+def change(kind: Literal["skill", "adapter"], name: str, action: Action, reason: str, by: str | None) -> None:
+    """A person's decision on a candidate of either kind, through `ratchet.decisions.decide`,
+    reported with the live policy before and after it."""
+    import getpass
+
+    from ratchet.decisions import decide, verb
+    from ratchet.flows.runtime import champion_policy, open_library
+    from ratchet.training.registry import AdapterRegistry
+
+    settings = load()
+    library, registry = open_library(settings), AdapterRegistry(settings)
+    before, was = champion_policy(settings, library).version, registry.champion()
+    candidates = library if kind == "skill" else registry
+    changed = decide(candidates, name, action, who=by or getpass.getuser(), why=reason)
+    after, now = champion_policy(settings, library).version, registry.champion()
+    names = ", ".join(changed if kind == "skill" else (f"adapter v{n}" for n in changed))
+    console.print(f"{verb(action)}: {names} · live policy {before} → {after}")
+    if kind == "adapter":
+        console.print(f"champion: {_adapter(now)} (was {_adapter(was)})")
+
+
+def _adapter(v: Any) -> str:
+    return "the base model" if v is None else f"adapter v{v.version}"
 
 
 @contextmanager

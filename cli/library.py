@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ratchet.cli.common import console, err, guard, load
+from ratchet.cli.common import ByOpt, ReasonOpt, change, console, err, guard, load
 from ratchet.errors import ConfigError
 
 skills_app = typer.Typer(
@@ -149,47 +149,29 @@ def tools_serve(
             box.mcp.run(transport="stdio", show_banner=False)
 
 
-def _change(name: str, action: str, reason: str, by: str | None) -> None:
-    import getpass
-
-    from ratchet.flows.runtime import champion_policy
-    from ratchet.skills.decisions import ACTIONS, decide
-
-    settings, library = _library()
-    before = champion_policy(settings, library).version
-    changed = decide(library, name, action, who=by or getpass.getuser(), why=reason)  # type: ignore[arg-type]
-    after = champion_policy(settings, library).version
-    verb = "retired" if action == "rollback" else ACTIONS[action][0]
-    console.print(f"{verb}: {', '.join(changed)} · live policy {before} → {after}")
-
-
-ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit log)")]
-ByOpt = Annotated[str | None, typer.Option("--by", help="who decides (default: your user name)")]
-
-
 @skills_app.command("promote")
 def skills_promote(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
     """Promote a verified skill: it goes live for the next rollouts."""
     with guard():
-        _change(name, "promote", reason, by)
+        change("skill", name, "promote", reason, by)
 
 
 @skills_app.command("reject")
 def skills_reject(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
     """Reject a candidate or verified skill."""
     with guard():
-        _change(name, "reject", reason, by)
+        change("skill", name, "reject", reason, by)
 
 
 @skills_app.command("retire")
 def skills_retire(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
     """Retire a promoted skill (it stops being live)."""
     with guard():
-        _change(name, "retire", reason, by)
+        change("skill", name, "retire", reason, by)
 
 
 @skills_app.command("rollback")
 def skills_rollback(name: str, reason: ReasonOpt, by: ByOpt = None) -> None:
     """Undo a promotion and every promotion after it: the live policy is what it was before."""
     with guard():
-        _change(name, "rollback", reason, by)
+        change("skill", name, "rollback", reason, by)

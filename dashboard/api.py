@@ -1,10 +1,11 @@
-"""HTTP API for people deciding on skills: list, show, promote, reject, retire, rollback.
+"""HTTP API for people deciding on candidates (skills and adapters): list, show, promote,
+reject, retire, rollback.
 
 The dashboard calls it; anything else may too (it binds to 127.0.0.1, and `dashboard.hosts`
 refuses foreign Host names and cross-origin changes: DNS rebinding, CSRF). Every change goes
-through the skill library with `expect` set to the status the caller saw, so two people
-acting on the same skill at once get one success and one `409 Conflict`, never a double
-change. Errors are one line in `{"detail": ...}`.
+through `ratchet.decisions.decide`, in the kind's lifecycle, with `expect` set to the status
+the caller saw, so two people acting on the same candidate at once get one success and one
+`409 Conflict`, never a double change. Errors are one line in `{"detail": ...}`.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from pydantic import BaseModel, Field
 
 from ratchet.config import Settings
 from ratchet.dashboard.hosts import LoopbackOnly
-from ratchet.errors import SkillFileError, SkillStateError
+from ratchet.decisions import Action, Candidates
+from ratchet.decisions import decide as apply_decision
+from ratchet.errors import CandidateStateError, SkillFileError, SkillStateError
 from ratchet.flows.runtime import champion_policy, open_library
-from ratchet.skills.decisions import Action
-from ratchet.skills.decisions import decide as apply_decision
+from ratchet.lifecycle import Status
 from ratchet.skills.library import SkillLibrary
+from ratchet.training.registry import AdapterRegistry, AdapterVersion
 
 
 class Decision(BaseModel):
     reason: str = Field(min_length=1, max_length=500, description="why (kept in the audit log)")
     by: str = Field(min_length=1, max_length=100, description="who decides")
-    expect: str | None = Field(default=None, description="the status you saw; a mismatch is a 409")
+    expect: Status | None = Field(default=None, description="the status you saw; a mismatch is a 409")
 
 
 def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastAPI:
@@ -77,19 +80,49 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
             "promoted": [s.name for s in lib.list(status="promoted")],
         }
 
-    @app.post("/api/skills/{name}/{action}")
-    def decide(name: str, action: Action, decision: Decision) -> dict[str, Any]:
-        load(name)
+    def adapter_json(v: AdapterVersion) -> dict[str, Any]:
+        return {
+            "version": v.version,
+            "status": v.status,
+            "champion": v.champion,
+            "sha256": v.sha256,
+            "dataset": v.dataset,
+            "evidence": {k: x for k, x in v.evidence.items() if k != "pairs"},
+        }
+
+    def load_adapter(version: int) -> tuple[AdapterRegistry, AdapterVersion]:
+        registry = AdapterRegistry(settings)
+        try:
+            return registry, registry.get(version)
+        except CandidateStateError as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    @app.get("/api/adapters")
+    def adapters() -> list[dict[str, Any]]:
+        return [adapter_json(v) for v in AdapterRegistry(settings).list()]
+
+    @app.get("/api/adapters/{version}")
+    def adapter(version: int) -> dict[str, Any]:
+        registry, v = load_adapter(version)
+        history = [r.model_dump(mode="json") for r in registry.lifecycle.records(v.name)]
+        return adapter_json(v) | {"history": history}
+
+    def decide(candidates: Candidates, name: str, action: Action, decision: Decision) -> dict[str, Any]:
         before = live()
         try:
-            changed = apply_decision(lib, name, action, decision.by, decision.reason, decision.expect)  # type: ignore[arg-type]
-        except SkillStateError as exc:
+            changed = apply_decision(candidates, name, action, decision.by, decision.reason, decision.expect)
+        except CandidateStateError as exc:
             raise HTTPException(409, str(exc)) from None
-        return {
-            "changed": changed,
-            "status": lib.get(name).status,
-            "policy_before": before,
-            "policy_after": live(),
-        }
+        return {"changed": changed, "policy_before": before, "policy_after": live()}
+
+    @app.post("/api/skills/{name}/{action}")
+    def decide_skill(name: str, action: Action, decision: Decision) -> dict[str, Any]:
+        load(name)
+        return decide(lib, name, action, decision) | {"status": lib.get(name).status}
+
+    @app.post("/api/adapters/{version}/{action}")
+    def decide_adapter(version: int, action: Action, decision: Decision) -> dict[str, Any]:
+        registry, _ = load_adapter(version)
+        return decide(registry, str(version), action, decision) | {"status": registry.get(version).status}
 
     return app

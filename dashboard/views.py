@@ -20,14 +20,15 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ratchet.config import Settings
+from ratchet.decisions import AVAILABLE
 from ratchet.errors import RatchetError
 from ratchet.flows.journal import GenerationRow, Journal
 from ratchet.flows.tracking import EVOLUTION, GENERATION, KIND, experiment_name
+from ratchet.lifecycle import Record, latest_evidence
 from ratchet.memory.trajectory_store import TrajectoryStore
-from ratchet.skills.decisions import AVAILABLE, latest_evidence
 from ratchet.skills.format import Skill
-from ratchet.skills.library import AuditRecord, SkillLibrary
-from ratchet.training.registry import AdapterRegistry
+from ratchet.skills.library import SkillLibrary
+from ratchet.training.registry import AdapterRegistry, AdapterVersion
 from ratchet.types import Trajectory
 
 # What a person may do to a skill in each status (the library enforces it; this picks buttons).
@@ -49,6 +50,13 @@ class GenerationView:
 class SkillView:
     skill: Skill
     evidence: dict[str, Any]  # the gate's: repairs, regressions, p_value, rollouts, pairs...
+    actions: list[str]
+
+
+@dataclass
+class AdapterView:
+    adapter: AdapterVersion
+    evidence: dict[str, Any]  # the gate's, as for a skill
     actions: list[str]
 
 
@@ -151,17 +159,23 @@ class DashboardData:
         """Every change to what the champion is made of: skills promoted or retired, adapters
         decided on (the registry moves the `champion` alias only for a promoted version)."""
         events = [
-            ChampionEvent(r.at, "skill", r.skill, f"{r.from_status} → {r.to_status}", r.who, r.why)
+            ChampionEvent(r.at, "skill", r.name, f"{r.from_status} → {r.to_status}", r.who, r.why)
             for r in self.library.history()
             if r.to_status in ("promoted", "retired")
         ]
-        for a in AdapterRegistry(settings).audit():
-            if a["to"] in ("promoted", "retired", "rejected"):
-                at, change = datetime.fromisoformat(a["at"]), f"{a['from']} → {a['to']}"
-                events.append(
-                    ChampionEvent(at, "adapter", f"adapter v{a['version']}", change, a["who"], a["why"])
-                )
+        events += [
+            ChampionEvent(
+                r.at, "adapter", f"adapter v{r.name}", f"{r.from_status} → {r.to_status}", r.who, r.why
+            )
+            for r in AdapterRegistry(settings).audit()
+            if r.to_status in ("promoted", "retired", "rejected")
+        ]
         return sorted(events, key=lambda e: e.at, reverse=True)
+
+    def adapters(self, settings: Settings) -> list[AdapterView]:
+        """Every adapter of the evolution, newest first, with its gate evidence and buttons."""
+        found = AdapterRegistry(settings).list()
+        return [AdapterView(v, v.evidence, ACTIONS.get(v.status, [])) for v in reversed(found)]
 
     # -- skills
 
@@ -173,7 +187,7 @@ class DashboardData:
         order = {"verified": 0, "candidate": 1, "promoted": 2, "rejected": 3, "retired": 4}
         return sorted(views, key=lambda v: (order[v.skill.status], -v.skill.generation, v.skill.name)), errors
 
-    def skill(self, name: str) -> tuple[SkillView, list[AuditRecord], list[Trajectory | str]]:
+    def skill(self, name: str) -> tuple[SkillView, list[Record], list[Trajectory | str]]:
         """A skill, its audit history, and the trajectories it was distilled from (an id
         stands in for one the store no longer has)."""
         skill = self.library.get(name)  # SkillStateError (404) / SkillFileError (422) for the page

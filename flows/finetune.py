@@ -108,7 +108,8 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
         adapter = _gate(rt, registry, adapter, generation, who, result)
         faults.point("adapter.decided")
     if adapter.status == "verified" and s.verify.promotion == "auto":
-        adapter = registry.promote(adapter.version, who=f"{who}:auto", why="promotion policy 'auto'")
+        registry.transition(adapter.name, "promoted", who=f"{who}:auto", why="promotion policy 'auto'")
+        adapter = registry.get(adapter.version)
     result.status = adapter.status
     result.reason = result.reason or f"adapter version {adapter.version} is {adapter.status}"
     if adapter.champion:
@@ -194,7 +195,8 @@ def _gate(
         mlflow.log_metrics(
             {"finetune_gate_repairs": decision.repairs, "finetune_gate_regressions": decision.regressions}
         )
-    return registry.decide(adapter.version, to, who=who, why=decision.reason, evidence=evidence)
+    registry.transition(adapter.name, to, who=who, why=decision.reason, evidence=evidence, expect="candidate")
+    return registry.get(adapter.version)
 
 
 def _trained_sources(registry: AdapterRegistry) -> set[str]:

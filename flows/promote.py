@@ -1,10 +1,11 @@
 """Prefect flow `promote`: a person decides on verified candidates in the Prefect UI.
 
-The flow lists every verified candidate with its evidence, then pauses with a form
+The flow lists every verified candidate (skills, tools, guardrails and adapters, named
+`adapter:N`) with its gate evidence, then pauses with a form
 (`PromotionForm`, a Prefect RunInput). Whoever resumes it (the Prefect UI's form, the REST
 endpoint `POST /api/flow_runs/{id}/resume`, or `prefect.flow_runs.resume_flow_run(id,
 run_input={...})`) names what to promote and what to reject, and why. Each change goes
-through the library with `expect="verified"`, so a candidate someone else decided on
+through `ratchet.decisions.decide` with `expect="verified"`, so a candidate someone else decided on
 meanwhile (CLI, dashboard) is reported as a conflict, never changed twice. Unanswered
 within `timeout_s`, the flow ends and nothing changes.
 """
@@ -19,11 +20,12 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
 from ratchet.config import Settings, settings_from
-from ratchet.errors import SkillStateError
+from ratchet.decisions import Candidates, decide
+from ratchet.errors import AdapterStateError, CandidateStateError
 from ratchet.flows.runtime import open_library
 from ratchet.runtime_env import prepare_environment
-from ratchet.skills.decisions import decide, evidence_of
 from ratchet.skills.library import SkillLibrary
+from ratchet.training.registry import AdapterRegistry
 
 
 class PromotionForm(RunInput):
@@ -41,10 +43,19 @@ class PromotionResult:
     waiting: list[str] = field(default_factory=list)  # verified candidates nobody decided on
 
 
+ADAPTER = "adapter:"  # how the form names an adapter version ("adapter:3"); no skill name has a colon
+
+
 def apply_decisions(
-    library: SkillLibrary, promote: list[str], reject: list[str], who: str, why: str
+    library: SkillLibrary,
+    promote: list[str],
+    reject: list[str],
+    who: str,
+    why: str,
+    registry: AdapterRegistry | None = None,
 ) -> PromotionResult:
-    """Promote and reject verified candidates; what cannot change is a conflict, not an error."""
+    """Promote and reject verified candidates of either kind; what cannot change is a
+    conflict, not an error."""
     out = PromotionResult()
     for names, action, to, done in (
         (promote, "promote", "promoted", out.promoted),
@@ -52,27 +63,54 @@ def apply_decisions(
     ):
         for name in names:
             try:
-                decide(library, name, action, who=who, why=why or f"{to} by {who}", expect="verified")
+                candidates, key = _kind_of(name, library, registry)
+                decide(candidates, key, action, who=who, why=why or f"{to} by {who}", expect="verified")
                 done.append(name)
-            except SkillStateError as exc:
+            except CandidateStateError as exc:
                 out.conflicts[name] = str(exc)
-    out.waiting = [s.name for s in library.list(status="verified")]
+    out.waiting = _verified(library, registry)
     return out
 
 
-def describe(library: SkillLibrary) -> str:
+def _kind_of(name: str, library: SkillLibrary, registry: AdapterRegistry | None) -> tuple[Candidates, str]:
+    if not name.startswith(ADAPTER):
+        return library, name
+    if registry is None:
+        raise AdapterStateError(f"{name}: this evolution has no adapters")
+    return registry, name.removeprefix(ADAPTER)
+
+
+def _verified(library: SkillLibrary, registry: AdapterRegistry | None) -> list[str]:
+    skills = [s.name for s in library.list(status="verified")]
+    adapters = (
+        [f"{ADAPTER}{v.version}" for v in registry.list() if v.status == "verified"] if registry else []
+    )
+    return skills + adapters
+
+
+def describe(library: SkillLibrary, registry: AdapterRegistry | None = None) -> str:
     """The form's description: each verified candidate with the gate's evidence (markdown)."""
     rows = [
         "| candidate | kind | family | repairs | regressions | p | gate |",
         "|---|---|---|---|---|---|---|",
     ]
-    for s in library.list(status="verified"):
-        ev = evidence_of(library, s.name)
+    found = [
+        (s.name, s.kind, s.family, library.lifecycle.evidence(s.name))
+        for s in library.list(status="verified")
+    ]
+    if registry is not None:
+        found += [
+            (f"{ADAPTER}{v.version}", "adapter", "all", v.evidence)
+            for v in registry.list()
+            if v.status == "verified"
+        ]
+    for name, kind, family, ev in found:
         rows.append(
-            f"| {s.name} | {s.kind} | {s.family} | {ev.get('repairs', '?')} | {ev.get('regressions', '?')} "
+            f"| {name} | {kind} | {family} | {ev.get('repairs', '?')} | {ev.get('regressions', '?')} "
             f"| {ev.get('p_value', float('nan')):.3g} | {ev.get('reason', '')} |"
         )
-    return "Verified candidates waiting for a decision:\n\n" + "\n".join(rows)
+    note = f"Name an adapter as `{ADAPTER}N`; promoting one makes it the champion."
+    return "Verified candidates waiting for a decision:\n\n" + "\n".join(rows) + "\n\n" + note
 
 
 @flow(name="promote", validate_parameters=False)
@@ -86,10 +124,11 @@ def promote_flow(
     settings = settings or settings_from(config, overrides)
     prepare_environment(settings)
     library = open_library(settings)
-    verified = [s.name for s in library.list(status="verified")]
+    registry = AdapterRegistry(settings) if (settings.data_dir / "mlflow.db").is_file() else None
+    verified = _verified(library, registry)
     if not verified:
         get_run_logger().info("no verified candidates: nothing to decide")
         return PromotionResult()
-    form = PromotionForm.with_initial_data(description=describe(library), promote=verified)
+    form = PromotionForm.with_initial_data(description=describe(library, registry), promote=verified)
     answer = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=2)
-    return apply_decisions(library, answer.promote, answer.reject, answer.by, answer.reason)
+    return apply_decisions(library, answer.promote, answer.reject, answer.by, answer.reason, registry)

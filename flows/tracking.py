@@ -219,7 +219,7 @@ def audit_logger(settings: Settings) -> Callable[[Any], None]:
         )
         stamp = record.at.strftime("%Y%m%dT%H%M%S%f")
         client.log_text(
-            run_id, record.model_dump_json(indent=2), f"audit/{record.skill}/{stamp}-{record.to_status}.json"
+            run_id, record.model_dump_json(indent=2), f"audit/{record.name}/{stamp}-{record.to_status}.json"
         )
 
     return log

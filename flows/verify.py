@@ -33,7 +33,6 @@ from ratchet.config import GateSettings, Settings
 from ratchet.flows import tracking
 from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
-from ratchet.skills.decisions import evidence_of
 from ratchet.skills.format import Skill
 from ratchet.skills.intervention import GateDecision, PairedOutcome, sequential_gate
 from ratchet.types import Policy, Task
@@ -188,7 +187,7 @@ def run_gates(
 
 def _last_p(rt: LoopRuntime, name: str) -> float:
     assert rt.library is not None
-    return float(evidence_of(rt.library, name).get("p_value", 1.0))
+    return float(rt.library.lifecycle.evidence(name).get("p_value", 1.0))
 
 
 def _interaction_check(

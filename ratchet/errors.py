@@ -47,16 +47,20 @@ class SkillFileError(RatchetError):
     """A SKILL.md (or its tool files) is malformed, or its content no longer matches its hash."""
 
 
-class SkillStateError(RatchetError):
-    """A lifecycle change that is not allowed (wrong status, unknown skill, lost a race)."""
+class CandidateStateError(RatchetError):
+    """A lifecycle change that is not allowed (wrong status, unknown candidate, lost a race)."""
+
+
+class SkillStateError(CandidateStateError):
+    """A skill's lifecycle change that is not allowed."""
 
 
 class AdapterError(RatchetError):
     """An adapter that is missing, corrupt, or whose files no longer match its registry hash."""
 
 
-class AdapterStateError(RatchetError):
-    """A registry change that is not allowed (unknown version, wrong status, lost a race)."""
+class AdapterStateError(CandidateStateError):
+    """An adapter version's lifecycle change that is not allowed."""
 
 
 class PrefectStartError(RatchetError):

@@ -27,8 +27,10 @@ POINTS: dict[str, str] = {
     "skill.recorded": "a status change's audit record was written, its SKILL.md not yet rewritten",
     "skill.transition": "a skill's status changed (e.g. verified, not yet promoted)",
     "adapter.trained": "a LoRA adapter was written to disk, not yet registered",
+    "adapter.created": "an MLflow model version was created, not yet filed in the lifecycle",
     "adapter.registered": "an adapter version was registered, not yet gated",
-    "adapter.decided": "an adapter version was verified or rejected, the alias not yet moved",
+    "adapter.recorded": "an adapter's status change was recorded, its MLflow tags and alias not yet",
+    "adapter.decided": "an adapter version was verified or rejected, not yet promoted",
 }
 
 _lock = threading.Lock()

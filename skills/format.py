@@ -25,21 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ratchet.errors import SkillFileError
 from ratchet.hashing import content_hash
+from ratchet.lifecycle import Status
 from ratchet.types import SkillText, ToolSpec
 
 SkillKind = Literal["procedure", "guardrail", "tool"]
-SkillStatus = Literal["candidate", "verified", "promoted", "retired", "rejected"]
+SkillStatus = Status  # the one candidate lifecycle (`ratchet.lifecycle`)
 ToolKind = Literal["macro", "function"]
-
-# The only moves a skill's status can make; `verified → rejected` is the
-# set-level check catching candidates that conflict, or a person saying no.
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "candidate": frozenset({"verified", "rejected"}),
-    "verified": frozenset({"promoted", "rejected"}),
-    "promoted": frozenset({"retired"}),
-    "retired": frozenset(),
-    "rejected": frozenset(),
-}
 
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 NAME_MAX, DESCRIPTION_MAX, BODY_MAX = 64, 1024, 8000

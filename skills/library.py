@@ -4,11 +4,11 @@
     <data_dir>/skills/audit.jsonl                    every status change: who, when, why, evidence
     <data_dir>/index/                                Chroma collection `skills` (name, description, body)
 
-The audit log is what says a skill's status, not its file. Status moves only along
-`TRANSITIONS`; each change first appends an audit record (fsynced), then rewrites the
-SKILL.md's `ratchet-status` to mirror it, under an exclusive `flock` on the library, so two
-concurrent promotions of one skill cannot both win: the second finds the status already
-changed and gets a SkillStateError. Reading checks the file against the log:
+Status lives in the skill lifecycle (`ratchet.lifecycle`, the same store adapters use): its
+audit log says a skill's status, not its file. Each change first appends an audit record
+(fsynced), then rewrites the SKILL.md's `ratchet-status` to mirror it, under the lifecycle's
+lock, so two concurrent promotions of one skill cannot both win: the second finds the status
+already changed and gets a SkillStateError. Reading checks the file against the log:
 
 * no audit record at all: the folder was not filed by ratchet (planted or copied by hand):
   refused, never live;
@@ -37,31 +37,17 @@ import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-
 from ratchet import faults
 from ratchet.errors import SkillFileError, SkillStateError
-from ratchet.files import append_line, exclusive, read_jsonl
+from ratchet.lifecycle import AUDIT, Lifecycle, Record, read_log
 from ratchet.memory.vector_index import VectorIndex
-from ratchet.skills.format import FILE, TRANSITIONS, Skill, SkillKind, SkillStatus, load, render, write_files
+from ratchet.skills.format import FILE, Skill, SkillKind, SkillStatus, load, render, write_files
 
-AUDIT = "audit.jsonl"
 MERGE_SIMILARITY = 0.92
-
-
-class AuditRecord(BaseModel):
-    skill: str
-    from_status: SkillStatus | None
-    to_status: SkillStatus
-    who: str
-    why: str
-    at: datetime = Field(default_factory=lambda: datetime.now(UTC))
-    content_hash: str
-    evidence: dict[str, Any] = Field(default_factory=dict)
+__all__ = ["AUDIT", "AddResult", "SkillLibrary", "read_audit"]
 
 
 @dataclass(frozen=True)
@@ -79,13 +65,14 @@ class SkillLibrary:
         root: Path,
         index_dir: Path | None = None,
         merge_similarity: float = MERGE_SIMILARITY,
-        on_change: Callable[[AuditRecord], None] | None = None,
+        on_change: Callable[[Record], None] | None = None,
     ) -> None:
         self.on_change = on_change  # told of every status change once it is on disk (e.g. MLflow)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.index_dir = index_dir or self.root / ".index"
         self.merge_similarity = merge_similarity
+        self.lifecycle = Lifecycle(self.root, "skill", SkillStateError, "ratchet skills list")
         self._index: VectorIndex | None = None
 
     @property
@@ -104,7 +91,7 @@ class SkillLibrary:
         """The skill with the status its audit log gives it; refused if the file disagrees."""
         return self._checked(name, self._last_records())
 
-    def _checked(self, name: str, last: dict[str, AuditRecord]) -> Skill:
+    def _checked(self, name: str, last: dict[str, Record]) -> Skill:
         path = self.root / name / FILE
         if not path.exists():
             raise SkillStateError(f"no skill named {name!r}", "see `ratchet skills list`")
@@ -152,8 +139,8 @@ class SkillLibrary:
             and (family is None or s.family == family)
         ]
 
-    def history(self, name: str | None = None) -> list[AuditRecord]:
-        return [r for r in read_audit(self.root) if name is None or r.skill == name]
+    def history(self, name: str | None = None) -> list[Record]:
+        return self.lifecycle.records(name)
 
     # -- writing
 
@@ -169,15 +156,8 @@ class SkillLibrary:
                 return AddResult(twin.name, "merged", twin.status)
             name = self._free_name(skill.name)
             skill = skill.model_copy(update={"name": name})
-            record = AuditRecord(
-                skill=name,
-                from_status=None,
-                to_status="candidate",
-                who=who,
-                why=f"distilled from {len(skill.provenance)} trajectories",
-                content_hash=skill.content_hash,
-            )
-            self._write(skill, new=True, record=record)
+            why = f"distilled from {len(skill.provenance)} trajectories"
+            self._write(skill, new=True, filed=(who, why))
             self.index.upsert([name], [_document(skill)], [_metadata(skill)])
         if self.on_change is not None:
             self.on_change(self.history(name)[-1])
@@ -192,29 +172,13 @@ class SkillLibrary:
         why: str,
         evidence: dict[str, Any] | None = None,
         expect: SkillStatus | None = None,
-    ) -> AuditRecord:
+    ) -> Record:
         """Move a skill along its lifecycle; `expect` guards against acting on a stale view."""
         with self._locked():
-            skill = self.get(name)
-            if expect is not None and skill.status != expect:
-                raise SkillStateError(
-                    f"skill {name!r} is {skill.status}, not {expect} (someone else changed it)",
-                    "reload and decide again",
-                )
-            if to not in TRANSITIONS[skill.status]:
-                allowed = ", ".join(sorted(TRANSITIONS[skill.status])) or "nothing"
-                problem = f"skill {name!r} is {skill.status}: it can move to {allowed}, not {to}"
-                raise SkillStateError(problem)
-            record = AuditRecord(
-                skill=name,
-                from_status=skill.status,
-                to_status=to,
-                who=who,
-                why=why,
-                content_hash=skill.content_hash,
-                evidence=evidence or {},
-            )
-            self._append(record)  # the log first: from here on the change has happened
+            skill = self.get(name)  # the file must still be the one filed
+            record = self.lifecycle.transition(
+                name, to, who, why, evidence=evidence, expect=expect, content_hash=skill.content_hash
+            )  # the log first: from here on the change has happened
             faults.point("skill.recorded")
             self._write(skill.model_copy(update={"status": to}))
             self.index.upsert([name], [_document(skill)], [_metadata(skill) | {"status": to}])
@@ -226,16 +190,11 @@ class SkillLibrary:
     def rollback(self, name: str, who: str, why: str) -> list[str]:
         """Undo the promotion of `name` and of every skill promoted after it (newest first), so
         the live set is exactly what it was just before `name` went live; returns the retired."""
-        promotions = [r.skill for r in self.history() if r.to_status == "promoted"]
-        if name not in promotions or self.get(name).status != "promoted":
-            raise SkillStateError(
-                f"skill {name!r} is not live", "rollback undoes a promotion: see `skills list`"
-            )
-        since = promotions[promotions.index(name) :]
-        live = [n for n in dict.fromkeys(reversed(since)) if self.get(n).status == "promoted"]
-        for n in live:
-            self.transition(n, "retired", who=who, why=f"rollback of {name}: {why}", expect="promoted")
-        return live
+        with self._locked():
+            undone = self.lifecycle.rollback_set(name)
+            for n in undone:
+                self.transition(n, "retired", who=who, why=f"rollback of {name}: {why}", expect="promoted")
+        return undone
 
     def search(self, text: str, k: int = 5) -> list[tuple[Skill, float]]:
         """Skills most similar to `text` (cosine similarity), for `ratchet skills list --like`."""
@@ -268,16 +227,16 @@ class SkillLibrary:
             i += 1
         return f"{name}-{i}"[:64]
 
-    def _write(self, skill: Skill, new: bool = False, record: AuditRecord | None = None) -> None:
-        """Write a skill folder (new: staged, then `record` appended, then renamed into place)
-        or its SKILL.md (update) so that readers never see half."""
+    def _write(self, skill: Skill, new: bool = False, filed: tuple[str, str] | None = None) -> None:
+        """Write a skill folder (new: staged, then filed (who, why) in the lifecycle, then
+        renamed into place) or its SKILL.md (update) so that readers never see half."""
         target = self.root / skill.name
         if new:
             staging = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{skill.name}."))
             try:
                 write_files(skill, staging)
-                if record is not None:
-                    self._append(record)
+                if filed is not None:
+                    self.lifecycle.file(skill.name, *filed, content_hash=skill.content_hash)
                     faults.point("skill.filing")
                 os.rename(staging, target)
             except BaseException:
@@ -293,21 +252,17 @@ class SkillLibrary:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def _append(self, record: AuditRecord) -> None:
-        self.history()  # refuse to append behind a damaged line (it would glue onto it)
-        append_line(self.root / AUDIT, record.model_dump_json())
-
-    def _last_records(self) -> dict[str, AuditRecord]:
-        return {r.skill: r for r in self.history()}
+    def _last_records(self) -> dict[str, Record]:
+        return self.lifecycle.last()
 
     def _locked(self) -> AbstractContextManager[None]:
-        return exclusive(self.root / ".lock")
+        return self.lifecycle.locked()
 
 
-def read_audit(root: Path) -> list[AuditRecord]:
+def read_audit(root: Path) -> list[Record]:
     """The library's audit log at `root` (read strictly: a damaged line is a StateFileError);
     creates nothing, so a preflight can check it before any state is written."""
-    return read_jsonl(root / AUDIT, AuditRecord, "the skill audit log")
+    return read_log(root, "the skill audit log")
 
 
 def _document(skill: Skill) -> str:
@@ -322,5 +277,5 @@ def _union(a: list[str], b: list[str]) -> list[str]:
     return list(dict.fromkeys([*a, *b]))
 
 
-def dump_audit(records: list[AuditRecord]) -> str:
+def dump_audit(records: list[Record]) -> str:
     return json.dumps([r.model_dump(mode="json") for r in records], indent=2)

@@ -7,10 +7,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from mlflow.exceptions import MlflowException
 
 from ratchet.config import load_settings
+from ratchet.decisions import decide
 from ratchet.errors import AdapterError, AdapterStateError
-from ratchet.training.registry import AdapterRegistry, adapter_sha256
+from ratchet.training.registry import CHAMPION, AdapterRegistry, adapter_sha256
 
 
 def _adapter(root: Path, seed: int) -> Path:
@@ -30,8 +32,15 @@ def registry(tmp_path: Path) -> AdapterRegistry:
 def _passed(registry: AdapterRegistry, tmp_path: Path, seed: int) -> int:
     v = registry.register(_adapter(tmp_path, seed), "", f"file:///x/{seed}", f"d{seed}", "c", who="test")
     evidence = {"decision": "accept", "repairs": 5, "regressions": 0, "p_value": 0.03, "rollouts": 16}
-    registry.decide(v.version, "verified", who="gate", why="significant", evidence=evidence)
+    registry.transition(v.name, "verified", who="gate", why="significant", evidence=evidence)
     return v.version
+
+
+def _alias(registry: AdapterRegistry) -> int | None:
+    try:
+        return int(registry.client.get_model_version_by_alias(registry.name, CHAMPION).version)
+    except MlflowException:
+        return None
 
 
 def test_the_alias_moves_only_for_a_version_that_passed_the_gate(
@@ -41,22 +50,26 @@ def test_the_alias_moves_only_for_a_version_that_passed_the_gate(
     assert (v.status, v.champion) == ("candidate", False)
     assert registry.find("d1", "c") == v and registry.find("d1", "other") is None
     with pytest.raises(AdapterStateError, match="candidate"):
-        registry.promote(v.version, who="me", why="looks good")
-    registry.decide(v.version, "rejected", who="gate", why="no gain", evidence={"decision": "reject"})
+        decide(registry, v.name, "promote", who="me", why="looks good")
+    registry.transition(v.name, "rejected", who="gate", why="no gain", evidence={"decision": "reject"})
     with pytest.raises(AdapterStateError, match="rejected"):
-        registry.promote(v.version, who="me", why="anyway")
-    assert registry.champion() is None
+        decide(registry, v.name, "promote", who="me", why="anyway")
+    assert registry.champion() is None and _alias(registry) is None
     good = _passed(registry, tmp_path, 2)
-    promoted = registry.promote(good, who="me", why="passed")
+    decide(registry, str(good), "promote", who="me", why="passed")
+    promoted = registry.get(good)
     assert promoted.champion and promoted.status == "promoted"
-    assert registry.champion() == promoted
-    trail = [(r["version"], r["from"], r["to"], r["who"]) for r in registry.audit()]
+    assert registry.champion() == promoted and _alias(registry) == good
+    assert promoted.evidence["p_value"] == 0.03  # the gate's evidence, not the person's
+    tags = registry.client.get_model_version(registry.name, str(good)).tags
+    assert (tags["status"], tags["who"]) == ("promoted", "me")  # MLflow mirrors the lifecycle
+    trail = [(r.name, r.from_status, r.to_status, r.who) for r in registry.audit()]
     assert trail == [
-        (1, "", "candidate", "test"),
-        (1, "candidate", "rejected", "gate"),
-        (2, "", "candidate", "test"),
-        (2, "candidate", "verified", "gate"),
-        (2, "verified", "promoted", "me"),
+        ("1", None, "candidate", "test"),
+        ("1", "candidate", "rejected", "gate"),
+        ("2", None, "candidate", "test"),
+        ("2", "candidate", "verified", "gate"),
+        ("2", "verified", "promoted", "me"),
     ]
 
 
@@ -64,15 +77,21 @@ def test_rollback_restores_the_previous_champion_then_the_base_model(
     registry: AdapterRegistry, tmp_path: Path
 ) -> None:
     first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
-    registry.promote(first, who="me", why="gen 1")
-    registry.promote(second, who="me", why="gen 2")
-    assert registry.champion().version == second
-    back = registry.rollback(who="me", why="regressed in production")
-    assert back is not None and back.version == first and registry.champion().sha256 == back.sha256
+    decide(registry, str(first), "promote", who="me", why="gen 1")
+    decide(registry, str(second), "promote", who="me", why="gen 2")
+    assert registry.champion().version == second and _alias(registry) == second
+    assert decide(registry, str(second), "rollback", who="me", why="regressed in production") == [str(second)]
+    back = registry.champion()
+    assert back is not None and back.version == first and _alias(registry) == first
     assert registry.get(second).status == "retired"
-    assert registry.rollback(who="me", why="again") is None and registry.champion() is None
-    with pytest.raises(AdapterStateError, match="no champion"):
-        registry.rollback(who="me", why="nothing left")
+    # a retired version passed the gate once: a person may make it live again
+    decide(registry, str(second), "promote", who="me", why="it was the data, not the adapter")
+    assert registry.champion().version == second
+    # rolling back the first promotion undoes every later one too: the base model is live
+    assert decide(registry, str(first), "rollback", who="me", why="start over") == [str(second), str(first)]
+    assert registry.champion() is None and _alias(registry) is None
+    with pytest.raises(AdapterStateError, match="not live"):
+        decide(registry, str(first), "rollback", who="me", why="nothing left")
 
 
 def test_two_concurrent_promotions_one_wins(registry: AdapterRegistry, tmp_path: Path) -> None:
@@ -81,8 +100,13 @@ def test_two_concurrent_promotions_one_wins(registry: AdapterRegistry, tmp_path:
 
     def promote() -> None:
         try:
-            AdapterRegistry(registry.settings).promote(
-                version, who=threading.current_thread().name, why="race"
+            decide(
+                AdapterRegistry(registry.settings),
+                str(version),
+                "promote",
+                who=threading.current_thread().name,
+                why="race",
+                expect="verified",
             )
             outcomes.append("won")
         except AdapterStateError as exc:
@@ -94,8 +118,8 @@ def test_two_concurrent_promotions_one_wins(registry: AdapterRegistry, tmp_path:
     for t in threads:
         t.join()
     assert outcomes.count("won") == 1
-    assert all("already the champion" in o for o in outcomes if o != "won")
-    assert sum(1 for r in registry.audit() if r["to"] == "promoted") == 1
+    assert all("is promoted, not verified" in o for o in outcomes if o != "won")
+    assert sum(1 for r in registry.audit() if r.to_status == "promoted") == 1
 
 
 def test_an_adapter_whose_files_changed_is_refused(registry: AdapterRegistry, tmp_path: Path) -> None:
@@ -107,5 +131,83 @@ def test_an_adapter_whose_files_changed_is_refused(registry: AdapterRegistry, tm
     with pytest.raises(AdapterError, match="sha256"):
         registry.checked_path(v)
     with pytest.raises(AdapterError, match="sha256"):
-        registry.promote(version, who="me", why="tampered")
+        decide(registry, str(version), "promote", who="me", why="tampered")
     assert registry.champion() is None  # nothing moved
+    assert [r.to_status for r in registry.audit()] == ["candidate", "verified"]  # nothing recorded
+
+
+def test_a_rollback_onto_changed_files_is_refused_and_changes_nothing(
+    registry: AdapterRegistry, tmp_path: Path
+) -> None:
+    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
+    decide(registry, str(first), "promote", who="me", why="gen 1")
+    decide(registry, str(second), "promote", who="me", why="gen 2")
+    (registry.local_dir(registry.get(first).sha256) / "adapter_model.safetensors").write_bytes(b"x")
+    with pytest.raises(AdapterError, match="sha256"):
+        decide(registry, str(second), "rollback", who="me", why="back to gen 1")
+    assert registry.champion().version == second
+
+
+def test_the_log_is_the_truth_when_the_mirror_was_not_written(
+    registry: AdapterRegistry, tmp_path: Path
+) -> None:
+    """A process killed after the record and before the MLflow tags and alias: the champion
+    is the log's; the next change brings the mirror back in line."""
+    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
+    registry.lifecycle.transition(str(first), "promoted", who="me", why="killed before the mirror")
+    assert _alias(registry) is None
+    assert registry.champion().version == first
+    decide(registry, str(second), "promote", who="me", why="next change")
+    assert _alias(registry) == second
+
+
+def test_an_unfiled_model_version_is_filed_by_the_rerun(registry: AdapterRegistry, tmp_path: Path) -> None:
+    """Killed between creating the MLflow version and filing it: invisible until the rerun of
+    the same training files it (no second version)."""
+    d = _adapter(tmp_path, 1)
+    registry.client.create_registered_model(registry.name)
+    mv = registry.client.create_model_version(
+        registry.name, "file:///x", tags={"dataset": "d1", "config": "c"}
+    )
+    assert registry.list() == []
+    v = registry.register(d, "", "file:///x", "d1", "c", who="rerun")
+    assert v.version == int(mv.version) and v.status == "candidate"
+    assert len(registry.client.search_model_versions(f"name = '{registry.name}'")) == 1
+
+
+def test_an_adapter_log_from_before_the_shared_lifecycle_still_reads(
+    registry: AdapterRegistry, tmp_path: Path
+) -> None:
+    version = _passed(registry, tmp_path, 1)
+    old = [
+        {
+            "version": version,
+            "from": "",
+            "to": "candidate",
+            "who": "t",
+            "why": "trained",
+            "at": "2026-01-01T00:00:00+00:00",
+            "evidence": {},
+        },
+        {
+            "version": version,
+            "from": "candidate",
+            "to": "verified",
+            "who": "gate",
+            "why": "ok",
+            "at": "2026-01-01T00:01:00+00:00",
+            "evidence": {"decision": "accept"},
+        },
+        {
+            "version": version,
+            "from": "verified",
+            "to": "promoted",
+            "who": "me",
+            "why": "ok",
+            "at": "2026-01-01T00:02:00+00:00",
+            "evidence": {"decision": "accept"},
+        },
+    ]
+    (registry.root / "audit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    assert registry.champion().version == version
+    assert registry.get(version).evidence == {"decision": "accept"}

@@ -252,7 +252,7 @@ def test_tools_serve_answers_an_mcp_client_over_stdio(tmp_path):
 
 
 def test_adapters_commands(tmp_path):
-    """list / show / promote / rollback as a person uses them, with one-line errors."""
+    """list / show / promote / rollback / promote again as a person uses them, with one-line errors."""
     from ratchet.config import load_settings
     from ratchet.training.registry import AdapterRegistry
 
@@ -264,17 +264,21 @@ def test_adapters_commands(tmp_path):
         (d / "adapter_model.safetensors").write_bytes(bytes([seed]) * 8)
         v = registry.register(d, "", "file:///x", f"d{seed}", "c", who="test")
         evidence = {"decision": "accept", "repairs": 4, "regressions": 0, "p_value": 0.03, "rollouts": 16}
-        registry.decide(
-            v.version, "verified" if seed == 1 else "rejected", who="gate", why="gate", evidence=evidence
+        registry.transition(
+            v.name, "verified" if seed == 1 else "rejected", who="gate", why="gate", evidence=evidence
         )
     listed = ratchet("adapters", "list", cwd=tmp_path)
     assert listed.returncode == 0 and "verified" in listed.stdout and "rejected" in listed.stdout
     assert "p=0.03" in listed.stdout
     assert_one_line_error(ratchet("adapters", "promote", "2", "-r", "try", cwd=tmp_path), "rejected")
     promoted = ratchet("adapters", "promote", "1", "-r", "won the gate", "--by", "ana", cwd=tmp_path)
-    assert promoted.returncode == 0 and "v1 is the champion (was base model)" in promoted.stdout
+    assert promoted.returncode == 0 and "champion: adapter v1 (was the base model)" in promoted.stdout
     shown = ratchet("adapters", "show", "1", cwd=tmp_path)
     assert "champion" in shown.stdout and "by ana: won the gate" in shown.stdout
     back = ratchet("adapters", "rollback", "-r", "regressed", cwd=tmp_path)
-    assert back.returncode == 0 and "the base model is live" in back.stdout
+    assert back.returncode == 0 and "retired: adapter v1" in back.stdout
+    assert "champion: the base model (was adapter v1)" in back.stdout
+    assert_one_line_error(ratchet("adapters", "rollback", "-r", "again", cwd=tmp_path), "no champion")
+    again = ratchet("adapters", "promote", "1", "-r", "it was the data", cwd=tmp_path)
+    assert again.returncode == 0 and "champion: adapter v1" in again.stdout  # retired -> promoted
     assert_one_line_error(ratchet("adapters", "show", "9", cwd=tmp_path), "not in the registry")

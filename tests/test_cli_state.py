@@ -116,7 +116,7 @@ def test_a_changed_champion_adapter_is_refused_before_start_up(tmp_path: Path) -
 
     registry = AdapterRegistry(load_settings({"data_dir": tmp_path / "data"}))
     version = _passed(registry, tmp_path, 1)
-    registry.promote(version, who="ann", why="ship")
+    registry.transition(str(version), "promoted", who="ann", why="ship")
     path = registry.checked_path(registry.get(version))
     (path / "adapter_model.safetensors").write_bytes(b"swapped")
     proc, seconds = _timed("evaluate", cwd=tmp_path)

@@ -52,7 +52,7 @@ def test_overview_shows_generations_with_plots_and_links(client: TestClient, bui
 
 def test_skill_library_shows_evidence_and_the_buttons_its_status_allows(client: TestClient) -> None:
     html = client.get("/").text
-    rows = {re.search(r'data-skill="([^"]+)"', r).group(1): r for r in rows_of(html, "skill-table")}  # type: ignore[union-attr]
+    rows = {re.search(r'data-candidate="([^"]+)"', r).group(1): r for r in rows_of(html, "skill-table")}  # type: ignore[union-attr]
     verified, candidate = rows["take-coin-first"], rows["open-doors"]
     assert 'data-status="verified"' in verified
     assert ">5<" in verified and ">1<" in verified and "0.031" in verified and ">32<" in verified
@@ -127,3 +127,26 @@ def test_prefect_links_follow_the_setting_then_the_environment(monkeypatch: pyte
     monkeypatch.setenv("PREFECT_UI_URL", "http://ui.local:4200/")
     assert prefect_ui(load_settings({})) == "http://ui.local:4200"
     assert prefect_ui(load_settings({"dashboard.prefect_url": "http://x:1"})) == "http://x:1"
+
+
+def test_adapters_show_their_gate_evidence_the_champion_and_their_buttons(tmp_path: Path) -> None:
+    from ratchet.config import load_settings
+    from ratchet.decisions import decide
+    from ratchet.training.registry import AdapterRegistry
+    from tests.test_adapter_registry import _passed
+
+    settings = load_settings({"data_dir": tmp_path / "data"})
+    registry = AdapterRegistry(settings)
+    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
+    decide(registry, str(first), "promote", who="ann", why="won the gate")
+    html = local_client(create_dashboard(settings)).get("/").text
+    rows = rows_of(html, "adapter-table")
+    assert [re.search(r'data-candidate="(\d+)"', r).group(1) for r in rows] == [str(second), str(first)]  # type: ignore[union-attr]
+    newer, champion = rows
+    assert '<td class="champion">★</td>' in champion and '<td class="champion"></td>' in newer
+    assert "0.030" in champion and ">16<" in champion  # the gate's p and rollouts
+    assert re.findall(r'data-action="(\w+)"', champion) == ["retire"]
+    assert re.findall(r'data-action="(\w+)"', newer) == ["promote", "reject"]
+    assert 'id="why"' in html  # the decision bar is there though no skill is
+    history = rows_of(html, "champion-history")
+    assert any(f"adapter v{first}" in r and "verified → promoted" in r for r in history)

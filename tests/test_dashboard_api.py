@@ -56,7 +56,10 @@ def test_errors_are_clear_status_codes(client_and_library) -> None:  # type: ign
     assert client.post("/api/skills/a/promote", json={"reason": "", "by": "y"}).status_code == 422
     assert client.post("/api/skills/a/fly", json={"reason": "x", "by": "y"}).status_code == 422
     retire = client.post("/api/skills/a/retire", json={"reason": "x", "by": "y"})
-    assert retire.status_code == 409 and "is verified, not promoted" in retire.json()["detail"]
+    assert (
+        retire.status_code == 409
+        and "is verified: it can move to promoted, rejected, not retired" in retire.json()["detail"]
+    )
 
 
 def test_two_people_promoting_at_once_one_wins_one_conflicts(client_and_library) -> None:  # type: ignore[no-untyped-def]
@@ -132,3 +135,38 @@ def test_the_dashboard_tab_and_scripts_still_decide(client_and_library, origin: 
     headers = {"Origin": origin, "Sec-Fetch-Site": "same-origin"} if origin else {}
     assert client.post("/api/skills/a/promote", json=BODY, headers=headers).status_code == 200
     assert library.get("a").status == "promoted"
+
+
+def test_adapters_are_decided_on_through_the_same_api(client_and_library, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The champion adapter moves through the API like a skill: one decision path, one lifecycle."""
+    from ratchet.training.registry import AdapterRegistry
+    from tests.test_adapter_registry import _passed
+
+    client, library = client_and_library
+    registry = AdapterRegistry(load_settings({"data_dir": library.root.parent}))
+    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
+    listed = client.get("/api/adapters").json()
+    assert [(a["version"], a["status"], a["evidence"]["p_value"]) for a in listed] == [
+        (first, "verified", 0.03),
+        (second, "verified", 0.03),
+    ]
+    start = client.get("/api/policy").json()
+    ok = client.post(
+        f"/api/adapters/{first}/promote", json={"reason": "won", "by": "ann", "expect": "verified"}
+    )
+    assert ok.status_code == 200 and ok.json()["status"] == "promoted"
+    assert ok.json()["policy_before"] == start["version"] != ok.json()["policy_after"]
+    assert client.get("/api/policy").json()["adapter"] == registry.get(first).served_name
+    stale = client.post(
+        f"/api/adapters/{first}/reject", json={"reason": "x", "by": "bob", "expect": "verified"}
+    )
+    assert stale.status_code == 409 and "is promoted, not verified" in stale.json()["detail"]
+    back = client.post(f"/api/adapters/{first}/rollback", json={"reason": "regressed", "by": "bob"})
+    assert back.status_code == 200 and back.json()["changed"] == [str(first)]
+    assert back.json()["policy_after"] == start["version"] and registry.champion() is None
+    assert client.post("/api/adapters/99/promote", json={"reason": "x", "by": "y"}).status_code == 404
+    # the same wall as skills: a foreign page cannot move the champion
+    foreign = client.post(
+        f"/api/adapters/{second}/promote", json=BODY, headers={"Origin": "http://evil.example"}
+    )
+    assert foreign.status_code == 403 and registry.get(second).status == "verified"

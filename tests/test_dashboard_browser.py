@@ -72,7 +72,7 @@ def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path]) ->
 
             expect(page.locator("#success-plot svg")).to_be_visible()
             expect(page.locator("#generation-table tbody tr")).to_have_count(2)
-            row = page.locator('tr[data-skill="take-coin-first"]')
+            row = page.locator('tr[data-kind="skills"][data-candidate="take-coin-first"]')
             expect(row.locator("td.status")).to_have_text("verified")
 
             # a reason is required before anything changes
@@ -90,7 +90,7 @@ def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path]) ->
             # another tab still shows it verified: its Reject is a conflict, not a second change
             stale = browser.new_page()
             stale.goto(url)  # fresh: shows promoted; make it stale by hand as a slow person would be
-            stale_row = stale.locator('tr[data-skill="take-coin-first"]')
+            stale_row = stale.locator('tr[data-kind="skills"][data-candidate="take-coin-first"]')
             stale_row.evaluate("r => { r.dataset.status = 'verified' }")
             stale.fill("#why", "no")
             stale_row.evaluate(
@@ -119,3 +119,42 @@ def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path]) ->
     # offline: the page asked nothing of any other host
     elsewhere = [u for u in requested if not u.startswith(url)]
     assert requested and not elsewhere, elsewhere
+
+
+def test_move_the_champion_adapter_in_the_browser(dashboard: tuple[str, Path], tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from ratchet.config import load_settings
+    from ratchet.decisions import decide
+    from ratchet.training.registry import AdapterRegistry
+    from tests.test_adapter_registry import _passed
+
+    url, data_dir = dashboard
+    registry = AdapterRegistry(load_settings({"data_dir": data_dir, "evolution": "nightly"}))
+    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
+    decide(registry, str(first), "promote", who="ann", why="gen 1")
+    expect.set_options(timeout=30_000)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(url)
+            old = page.locator(f'tr[data-kind="adapters"][data-candidate="{first}"]')
+            new = page.locator(f'tr[data-kind="adapters"][data-candidate="{second}"]')
+            expect(old.locator("td.champion")).to_have_text("★")
+            page.fill("#who", "bob")
+            page.fill("#why", "gen 2 won its gate")
+            new.locator('button[data-action="promote"]').click()
+            expect(new.locator("td.status")).to_have_text("promoted")
+            expect(new.locator("td.champion")).to_have_text("★")  # the champion moved on the page
+            expect(old.locator("td.champion")).to_have_text("")
+            expect(page.locator("#decision-message")).to_contain_text(
+                f"adapter v{second}: verified → promoted"
+            )
+        finally:
+            browser.close()
+    assert registry.champion().version == second
+    assert [(r.who, r.why) for r in registry.audit() if r.to_status == "promoted"][-1] == (
+        "bob",
+        "gen 2 won its gate",
+    )

@@ -64,3 +64,31 @@ def test_promote_flow_waits_for_the_form_and_applies_it(tmp_path: Path) -> None:
     result = out["result"]
     assert (result.promoted, result.rejected, result.waiting) == (["a"], ["b"], [])
     assert library.history("a")[-1].who == "ann" and library.get("b").status == "rejected"
+
+
+def test_apply_decisions_moves_adapters_through_the_same_lifecycle(tmp_path: Path) -> None:
+    from ratchet.flows.promote import describe
+    from ratchet.training.registry import AdapterRegistry
+    from tests.test_adapter_registry import _passed
+
+    settings = load_settings({"data_dir": tmp_path / "data"})
+    library, registry = open_library(settings), AdapterRegistry(settings)
+    add_verified(library, "a", "Add left to right.")
+    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
+    text = describe(library, registry)
+    assert f"| adapter:{first} | adapter | all | 5 | 0 | 0.03 |" in text and "| a | procedure |" in text
+    result = apply_decisions(
+        library, ["a", f"adapter:{second}"], [f"adapter:{first}"], who="ann", why="ok", registry=registry
+    )
+    assert (result.promoted, result.rejected, result.conflicts) == (
+        ["a", f"adapter:{second}"],
+        [f"adapter:{first}"],
+        {},
+    )
+    assert registry.champion().version == second and registry.get(first).status == "rejected"
+    again = apply_decisions(
+        library, [f"adapter:{first}", "adapter:x"], [], who="bob", why="", registry=registry
+    )
+    assert "is rejected, not verified" in again.conflicts[f"adapter:{first}"]
+    assert "not an adapter version number" in again.conflicts["adapter:x"]
+    assert again.waiting == []

@@ -94,14 +94,16 @@ def test_lifecycle_moves_only_along_the_allowed_paths_with_an_audit_record(libra
     assert library.get(added.name).status == "promoted"
     assert [s.name for s in library.list(status="promoted")] == [added.name]
     library.transition(added.name, "retired", who="ann", why="superseded")
-    with pytest.raises(SkillStateError):
-        library.transition(added.name, "promoted", who="ann", why="again")
+    with pytest.raises(SkillStateError, match="retired: it can move to promoted, not rejected"):
+        library.transition(added.name, "rejected", who="ann", why="never mind")
+    library.transition(added.name, "promoted", who="ann", why="again: it passed the gate once")
     history = library.history(added.name)
     assert [(r.from_status, r.to_status, r.who) for r in history] == [
         (None, "candidate", "distill"),
         ("candidate", "verified", "verify"),
         ("verified", "promoted", "ann"),
         ("promoted", "retired", "ann"),
+        ("retired", "promoted", "ann"),
     ]
     assert history[1].evidence == {"repairs": 5}
 

@@ -1,19 +1,19 @@
-"""Adapters as MLflow registered model versions; the alias `champion` is the live one.
+"""Adapters as MLflow registered model versions, in the one candidate lifecycle.
 
 One registered model per evolution (`ratchet-<evolution>-adapter`). Each trained adapter is
 a model version whose source is the training run's `adapter` artifact, tagged with its
 sha256, dataset version and LoRA config hash; a copy lives under `data_dir/adapters/<sha[:16]>`
-for the model server to load. Lifecycle, as version tags:
+for the model server to load.
 
-    candidate ─(gate passes)→ verified ─(auto, or a person)→ promoted ─(rollback)→ retired
-        └──(gate fails)→ rejected
-
-Only a promoted version carries the `champion` alias, and it moves only on a passed gate
-or a person's decision; `rollback` moves it back to the previously promoted version (or
-removes it: the base model). Changes happen under an exclusive `flock` with an expected
-status, so two concurrent promotions cannot both win, and each appends an audit record
-(who, when, why, evidence) to `data_dir/adapters/audit.jsonl` and to the version's tags.
-Before an adapter is served, its files are hashed again; a mismatch is refused.
+Status is the candidate lifecycle's (`ratchet.lifecycle`, the same store skills use), kept
+in `data_dir/adapters/audit.jsonl` under its lock: candidate → verified (gate) → promoted →
+retired, or rejected. Adapters are exclusive: of the promoted versions only the newest is
+live, the *champion*. A rollback retires the champion (and every later promotion), so the
+version promoted before it is champion again, or none is (the base model). The log is the
+truth; the version's `status` tags and the registered model's `champion` alias mirror it and
+are rewritten after each change (a process killed in between leaves them stale until the
+next change, never the log wrong). Before an adapter goes live or is served, its files are
+hashed again; a mismatch is refused.
 """
 
 from __future__ import annotations
@@ -21,24 +21,22 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from pydantic import BaseModel, ConfigDict, Field
 
+from ratchet import faults
 from ratchet.config import Settings
 from ratchet.errors import AdapterError, AdapterStateError
-from ratchet.files import append_line, atomic_dir, exclusive, read_jsonl
+from ratchet.files import atomic_dir
+from ratchet.lifecycle import Lifecycle, Record, Status, latest_evidence, promoted_order
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 CHAMPION = "champion"
-STATUSES = ("candidate", "verified", "rejected", "promoted", "retired")
 
 
 def adapter_sha256(adapter_dir: Path) -> str:
@@ -59,20 +57,6 @@ def registered_name(evolution: str) -> str:
     return f"ratchet-{evolution}-adapter"
 
 
-class AdapterAuditRecord(BaseModel):
-    """One line of `adapters/audit.jsonl`: a status change of an adapter version."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    version: int
-    from_: str = Field(alias="from")
-    to: str
-    who: str
-    why: str
-    at: str
-    evidence: dict[str, Any] = Field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class AdapterVersion:
     version: int
@@ -83,7 +67,7 @@ class AdapterVersion:
     run_id: str
     source: str
     champion: bool = False
-    tags: dict[str, str] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)  # of its latest gate decision
 
     @property
     def served_name(self) -> str:
@@ -91,44 +75,57 @@ class AdapterVersion:
         return f"adapter-{self.sha256[:12]}"
 
     @property
-    def evidence(self) -> dict[str, Any]:
-        return json.loads(self.tags.get("evidence", "{}"))
+    def name(self) -> str:
+        """Its name in the lifecycle (and in `ratchet adapters …` commands)."""
+        return str(self.version)
 
 
 class AdapterRegistry:
+    """The adapters of one evolution: MLflow holds what they are, the lifecycle what they are worth."""
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.name = registered_name(settings.evolution)
         self.root = settings.adapters_dir
+        self.lifecycle = Lifecycle(self.root, "adapter version", AdapterStateError, "ratchet adapters list")
         mlflow.set_tracking_uri(settings.mlflow_uri)
         self.client = MlflowClient()
 
     # -- reads
 
     def list(self) -> list[AdapterVersion]:
-        try:
-            found = self.client.search_model_versions(f"name = '{self.name}'")
-        except MlflowException:
-            return []
-        champion = self._champion_version()
-        return sorted((self._version(mv, champion) for mv in found), key=lambda v: v.version)
+        """Every filed version, oldest first (a version MLflow has but the lifecycle never
+        filed was registered by a run killed in between: `register` files it on the rerun)."""
+        records = self.lifecycle.records()
+        last = {r.name: r for r in records}
+        evidence = latest_evidence(records)
+        champion = self._champion(records)
+        return [
+            self._version(mv, last[str(mv.version)], evidence, champion)
+            for mv in self._model_versions()
+            if str(mv.version) in last
+        ]
 
     def get(self, version: int) -> AdapterVersion:
-        try:
-            mv = self.client.get_model_version(self.name, str(version))
-        except MlflowException:
+        found = next((v for v in self.list() if v.version == version), None)
+        if found is None:
             raise AdapterStateError(
                 f"adapter version {version} is not in the registry {self.name}", "see `ratchet adapters list`"
-            ) from None
-        return self._version(mv, self._champion_version())
+            )
+        return found
 
     def champion(self) -> AdapterVersion | None:
-        v = self._champion_version()
-        return None if v is None else self.get(v)
+        """The live adapter: the newest promotion still promoted (None: the base model)."""
+        name = self._champion(self.lifecycle.records())
+        return None if name is None else self.get(int(name))
 
     def find(self, dataset: str, config: str) -> AdapterVersion | None:
         """The version already trained on this dataset with this config (training is skipped)."""
         return next((v for v in self.list() if (v.dataset, v.config) == (dataset, config)), None)
+
+    def audit(self) -> list[Record]:
+        """Every status change, oldest first (a damaged log is one StateFileError line)."""
+        return self.lifecycle.records()
 
     def local_dir(self, sha: str) -> Path:
         return self.root / sha[:16]
@@ -152,133 +149,115 @@ class AdapterRegistry:
     def register(
         self, adapter_dir: Path, run_id: str, source: str, dataset: str, config: str, who: str
     ) -> AdapterVersion:
-        """A new candidate version for the adapter in `adapter_dir` (moved under the registry root)."""
+        """A new candidate version for the adapter in `adapter_dir` (copied under the registry root)."""
         sha = adapter_sha256(adapter_dir)
         home = self.local_dir(sha)
         if adapter_dir.resolve() != home.resolve():
             with atomic_dir(home) as tmp:
                 for name in ADAPTER_FILES:
                     shutil.copy2(adapter_dir / name, tmp / name)
-        with self._locked():
-            existing = self.find(dataset, config)
-            if existing is not None:  # a rerun after a kill between registering and moving on
-                return existing
-            try:
-                self.client.create_registered_model(self.name, description="LoRA adapters of the policy")
-            except MlflowException as exc:
-                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-            tags = {"sha256": sha, "dataset": dataset, "config": config, "status": "candidate"}
-            mv = self.client.create_model_version(self.name, source, run_id=run_id, tags=tags)
-            self._audit(int(mv.version), "", "candidate", who, "trained", {})
+        with self.lifecycle.locked():
+            mv = next(
+                (
+                    m
+                    for m in self._model_versions()
+                    if (m.tags or {}).get("dataset") == dataset and (m.tags or {}).get("config") == config
+                ),
+                None,
+            )  # a rerun after a kill between registering and filing, or between filing and moving on
+            if mv is None:
+                try:
+                    self.client.create_registered_model(self.name, description="LoRA adapters of the policy")
+                except MlflowException as exc:
+                    if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                        raise
+                tags = {"sha256": sha, "dataset": dataset, "config": config, "status": "candidate"}
+                mv = self.client.create_model_version(self.name, source, run_id=run_id, tags=tags)
+                faults.point("adapter.created")
+            if self.lifecycle.status(str(mv.version)) is None:
+                self.lifecycle.file(str(mv.version), who, "trained", content_hash=sha)
         return self.get(int(mv.version))
 
-    def decide(self, version: int, to: str, who: str, why: str, evidence: dict[str, Any]) -> AdapterVersion:
-        """The gate's verdict on a candidate: verified or rejected, with its evidence."""
-        if to not in ("verified", "rejected"):
-            raise ValueError(to)
-        with self._locked():
-            v = self._expect(version, ("candidate",))
-            self._set(v, to, who, why, evidence)
-        return self.get(version)
+    def transition(
+        self,
+        name: str,
+        to: Status,
+        who: str,
+        why: str,
+        evidence: dict[str, Any] | None = None,
+        expect: Status | None = None,
+    ) -> Record:
+        """Move version `name` along the lifecycle; the MLflow tags and alias follow."""
+        with self.lifecycle.locked():
+            v = self.get(_number(name))
+            if to == "promoted":
+                self.checked_path(v)  # never make live files that do not match
+            record = self.lifecycle.transition(
+                v.name, to, who, why, evidence=evidence, expect=expect, content_hash=v.sha256
+            )
+            faults.point("adapter.recorded")
+            self._mirror(record)
+        return record
 
-    def promote(self, version: int, who: str, why: str) -> AdapterVersion:
-        """Make a verified (or formerly promoted) version the champion."""
-        with self._locked():
-            v = self._expect(version, ("verified", "retired", "promoted"))
-            if v.champion:
-                raise AdapterStateError(f"adapter version {version} is already the champion")
-            if v.status == "retired" and not v.evidence.get("decision") == "accept":
-                raise AdapterStateError(f"adapter version {version} never passed the gate")
-            self.checked_path(v)  # never point the alias at files that do not match
-            seq = 1 + max((int(x.tags.get("promoted_seq", 0)) for x in self.list()), default=0)
-            self.client.set_model_version_tag(self.name, str(version), "promoted_seq", str(seq))
-            self._set(v, "promoted", who, why, v.evidence)
-            self.client.set_registered_model_alias(self.name, CHAMPION, str(version))
-        return self.get(version)
-
-    def rollback(self, who: str, why: str) -> AdapterVersion | None:
-        """Retire the champion; the alias goes back to the previously promoted version (or away)."""
-        with self._locked():
-            current = self.champion()
-            if current is None:
-                raise AdapterStateError("there is no champion adapter to roll back", "nothing to do")
-            earlier = [
-                v
-                for v in self.list()
-                if v.status == "promoted"
-                and v.version != current.version
-                and int(v.tags.get("promoted_seq", 0)) < int(current.tags.get("promoted_seq", 0))
-            ]
-            previous = max(earlier, key=lambda v: int(v.tags.get("promoted_seq", 0)), default=None)
-            if previous is None:
-                self.client.delete_registered_model_alias(self.name, CHAMPION)
-            else:
-                self.checked_path(previous)
-                self.client.set_registered_model_alias(self.name, CHAMPION, str(previous.version))
-            self._set(current, "retired", who, why, current.evidence)
-        return None if previous is None else self.get(previous.version)
-
-    def audit(self) -> list[dict[str, Any]]:
-        """Every status change, oldest first (a damaged log is one StateFileError line)."""
-        records = read_jsonl(self.root / "audit.jsonl", AdapterAuditRecord, "the adapter audit log")
-        return [r.model_dump(by_alias=True) for r in records]
+    def rollback(self, name: str, who: str, why: str) -> list[str]:
+        """Retire version `name` and every later promotion; the version promoted before it is
+        the champion again (checked first: a rollback must not go live on changed files)."""
+        with self.lifecycle.locked():
+            undone = self.lifecycle.rollback_set(str(_number(name)))
+            back = [n for n in self.lifecycle.promoted() if n not in undone]
+            if back:
+                self.checked_path(self.get(int(back[-1])))
+            for n in undone:
+                self.transition(n, "retired", who=who, why=f"rollback of {name}: {why}", expect="promoted")
+        return undone
 
     # -- internals
 
-    def _champion_version(self) -> int | None:
+    def _model_versions(self) -> list[Any]:
         try:
-            return int(self.client.get_model_version_by_alias(self.name, CHAMPION).version)
+            found = self.client.search_model_versions(f"name = '{self.name}'")
         except MlflowException:
-            return None
+            return []
+        return sorted(found, key=lambda mv: int(mv.version))
 
-    def _version(self, mv: Any, champion: int | None) -> AdapterVersion:
+    @staticmethod
+    def _champion(records: list[Record]) -> str | None:
+        return next(reversed(promoted_order(records)), None)
+
+    def _version(
+        self, mv: Any, last: Record, evidence: dict[str, dict[str, Any]], champion: str | None
+    ) -> AdapterVersion:
         tags = dict(mv.tags or {})
         return AdapterVersion(
             version=int(mv.version),
             sha256=tags.get("sha256", ""),
             dataset=tags.get("dataset", ""),
             config=tags.get("config", ""),
-            status=tags.get("status", "candidate"),
+            status=last.to_status,
             run_id=mv.run_id or "",
             source=mv.source or "",
-            champion=champion == int(mv.version),
-            tags=tags,
+            champion=champion == last.name,
+            evidence=evidence.get(last.name, {}),
         )
 
-    def _expect(self, version: int, allowed: tuple[str, ...]) -> AdapterVersion:
-        v = self.get(version)
-        if v.status not in allowed:
-            raise AdapterStateError(
-                f"adapter version {version} is {v.status}, not {' or '.join(allowed)}",
-                "see `ratchet adapters show " + str(version) + "`",
-            )
-        return v
-
-    def _set(self, v: AdapterVersion, to: str, who: str, why: str, evidence: dict[str, Any]) -> None:
+    def _mirror(self, record: Record) -> None:
+        """Write the change where MLflow users look: the version's tags and the alias."""
         for key, value in {
-            "status": to,
-            "who": who,
-            "why": why[:4000],
-            "at": datetime.now(UTC).isoformat(),
-            "evidence": json.dumps(evidence)[:5000],
+            "status": record.to_status,
+            "who": record.who,
+            "why": record.why[:4000],
+            "at": record.at.isoformat(),
+            "evidence": json.dumps(record.evidence)[:5000],
         }.items():
-            self.client.set_model_version_tag(self.name, str(v.version), key, value)
-        self._audit(v.version, v.status, to, who, why, evidence)
-
-    def _audit(
-        self, version: int, before: str, to: str, who: str, why: str, evidence: dict[str, Any]
-    ) -> None:
-        record = {
-            "version": version,
-            "from": before,
-            "to": to,
-            "who": who,
-            "why": why,
-            "at": datetime.now(UTC).isoformat(),
-            "evidence": evidence,
-        }
-        append_line(self.root / "audit.jsonl", json.dumps(record))
+            self.client.set_model_version_tag(self.name, record.name, key, value)
+        champion = self._champion(self.lifecycle.records())
+        if champion is None:
+            try:
+                self.client.delete_registered_model_alias(self.name, CHAMPION)
+            except MlflowException:
+                pass  # there was none
+        else:
+            self.client.set_registered_model_alias(self.name, CHAMPION, champion)
 
     def _restore(self, v: AdapterVersion, path: Path) -> None:
         """Bring back a local copy from the MLflow artifact (the data dir was moved or pruned)."""
@@ -295,5 +274,11 @@ class AdapterRegistry:
         got.rename(path)
         shutil.rmtree(self.root / ".dl", ignore_errors=True)
 
-    def _locked(self) -> AbstractContextManager[None]:
-        return exclusive(self.root / ".lock")
+
+def _number(name: str) -> int:
+    try:
+        return int(name)
+    except ValueError:
+        raise AdapterStateError(
+            f"{name!r} is not an adapter version number", "see `ratchet adapters list`"
+        ) from None

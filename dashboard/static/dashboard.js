@@ -1,6 +1,8 @@
-// Promote / Reject / Retire: each button posts to the same HTTP API the CLI's path uses
-// (`POST /api/skills/NAME/ACTION` → SkillLibrary.transition), with `expect` set to the status
-// this page shows, so a decision someone else made meanwhile comes back as 409, not a double change.
+// Promote / Reject / Retire / Rollback: each button posts to the HTTP API the CLI's path uses
+// (`POST /api/skills/NAME/ACTION` or `/api/adapters/VERSION/ACTION` → ratchet.decisions.decide),
+// with `expect` set to the status this page shows, so a decision someone else made meanwhile
+// comes back as 409, not a double change. A row says what it decides on: data-kind (skills or
+// adapters) and data-candidate (the name or version).
 "use strict";
 
 const ACTIONS = JSON.parse(document.getElementById("actions")?.textContent || "{}");
@@ -32,8 +34,20 @@ function showStatus(row, status) {
   );
 }
 
+// Which adapter is the champion follows from the decision on another row: ask the API again.
+async function showChampion() {
+  const response = await fetch("/api/adapters");
+  if (!response.ok) return;
+  for (const a of await response.json()) {
+    const cell = document.querySelector(`tr[data-kind="adapters"][data-candidate="${a.version}"] td.champion`);
+    if (cell) cell.textContent = a.champion ? "★" : "";
+  }
+}
+
 async function decide(row, action) {
-  const name = row.dataset.skill;
+  const kind = row.dataset.kind;
+  const name = kind === "adapters" ? `adapter v${row.dataset.candidate}` : row.dataset.candidate;
+  const url = `/api/${kind}/${encodeURIComponent(row.dataset.candidate)}`;
   const seen = row.dataset.status;
   if (!why.value.trim()) {
     say("Say why first: the reason is kept in the audit log.", true);
@@ -48,7 +62,7 @@ async function decide(row, action) {
   localStorage.setItem("ratchet.who", who.value.trim());
   row.querySelectorAll("button").forEach((b) => (b.disabled = true));
   try {
-    const response = await fetch(`/api/skills/${encodeURIComponent(name)}/${action}`, {
+    const response = await fetch(`${url}/${action}`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ reason: why.value.trim(), by: who.value.trim(), expect: seen }),
@@ -56,12 +70,13 @@ async function decide(row, action) {
     const body = await response.json();
     if (response.ok) {
       showStatus(row, body.status);
+      if (kind === "adapters") await showChampion();
       say(`${name}: ${seen} → ${body.status} (policy ${body.policy_before} → ${body.policy_after})`, false);
       return;
     }
     const detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
     say(`${name}: ${detail}`, true);
-    const now = await fetch(`/api/skills/${encodeURIComponent(name)}`);
+    const now = await fetch(url);
     if (now.ok) showStatus(row, (await now.json()).status); // show what it is now
   } catch (err) {
     say(`${name}: no answer from the dashboard server (${err}); reload to see its status`, true);
@@ -72,7 +87,7 @@ async function decide(row, action) {
 
 document.addEventListener("click", (event) => {
   const button = event.target.closest("button[data-action]");
-  const row = button?.closest("[data-skill]");
+  const row = button?.closest("[data-candidate]");
   if (row) decide(row, button.dataset.action);
 });
 

@@ -1,0 +1,182 @@
+"""The one candidate lifecycle store (`ratchet.lifecycle`) and `ratchet.decisions`, on their
+own: the state machine, stale views, rollback, old log layouts, the lock across processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from ratchet.decisions import AVAILABLE, decide
+from ratchet.errors import CandidateStateError, StateFileError
+from ratchet.lifecycle import AUDIT, STATUSES, TRANSITIONS, Lifecycle, Record, latest_evidence
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Lifecycle:
+    return Lifecycle(tmp_path, "thing", listing="ratchet things list")
+
+
+class Kind:
+    """The smallest kind: the store itself, as `decide` sees a kind."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+
+    def transition(self, name, to, who, why, evidence=None, expect=None):  # type: ignore[no-untyped-def]
+        return self.lifecycle.transition(name, to, who, why, evidence=evidence, expect=expect)
+
+    def rollback(self, name: str, who: str, why: str) -> list[str]:
+        undone = self.lifecycle.rollback_set(name)
+        for n in undone:
+            self.lifecycle.transition(n, "retired", who, why, expect="promoted")
+        return undone
+
+
+def _at(store: Lifecycle, name: str, status: str) -> None:
+    """File `name` and walk it to `status` along the shortest allowed path."""
+    store.file(name, "t", "filed", content_hash="h-" + name)
+    path = {
+        "candidate": [],
+        "verified": ["verified"],
+        "rejected": ["rejected"],
+        "promoted": ["verified", "promoted"],
+        "retired": ["verified", "promoted", "retired"],
+    }[status]
+    for to in path:
+        store.transition(name, to, "t", "walk")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("start", STATUSES)
+@pytest.mark.parametrize("to", STATUSES)
+def test_every_move_the_table_does_not_allow_is_refused_and_leaves_no_record(
+    store: Lifecycle, start: str, to: str
+) -> None:
+    _at(store, "x", start)
+    before = store.records()
+    if to in TRANSITIONS[start]:
+        record = store.transition("x", to, "ann", "allowed")  # type: ignore[arg-type]
+        assert (record.from_status, record.to_status, record.content_hash) == (start, to, "h-x")
+        assert store.status("x") == to
+    else:
+        with pytest.raises(CandidateStateError, match=f"thing 'x' is {start}"):
+            store.transition("x", to, "ann", "not allowed")  # type: ignore[arg-type]
+        assert store.records() == before
+
+
+def test_nothing_reaches_promoted_without_the_gate() -> None:
+    """Every path from candidate to promoted passes through verified."""
+    reach = {"candidate"}
+    frontier = ["candidate"]
+    while frontier:
+        for nxt in TRANSITIONS[frontier.pop()]:
+            if nxt not in reach and nxt != "verified":
+                reach.add(nxt)
+                frontier.append(nxt)
+    assert "promoted" not in reach
+
+
+def test_a_stale_view_is_refused(store: Lifecycle) -> None:
+    _at(store, "x", "verified")
+    store.transition("x", "rejected", "bob", "no")
+    with pytest.raises(CandidateStateError, match="is rejected, not verified .someone else changed it."):
+        decide(Kind(store), "x", "promote", "ann", "yes", expect="verified")
+
+
+def test_unknown_and_refiled_names(store: Lifecycle) -> None:
+    with pytest.raises(CandidateStateError, match="no thing named 'y'. see `ratchet things list`"):
+        store.transition("y", "verified", "ann", "?")
+    _at(store, "y", "rejected")
+    with pytest.raises(CandidateStateError, match="filed already"):
+        store.file("y", "t", "again")  # a name is never reused, not even a rejected one
+
+
+def test_rollback_retires_the_promotion_and_every_later_one_newest_first(store: Lifecycle) -> None:
+    for name in "abcd":
+        _at(store, name, "promoted")
+    decide(Kind(store), "c", "retire", "ann", "by hand")  # already not live: not undone again
+    assert store.promoted() == ["a", "b", "d"]
+    assert decide(Kind(store), "b", "rollback", "ann", "regressed") == ["d", "b"]
+    assert store.promoted() == ["a"]
+    decide(Kind(store), "d", "promote", "ann", "back")  # retired -> promoted: it goes live last
+    assert store.promoted() == ["a", "d"]
+    with pytest.raises(CandidateStateError, match="'b' is not live"):
+        decide(Kind(store), "b", "rollback", "ann", "again")
+
+
+def test_the_buttons_are_exactly_the_moves_the_lifecycle_allows() -> None:
+    assert AVAILABLE == {
+        "candidate": ["reject"],
+        "verified": ["promote", "reject"],
+        "promoted": ["retire"],
+        "retired": ["promote"],
+        "rejected": [],
+    }
+
+
+def test_latest_evidence_is_the_gates_not_a_persons(store: Lifecycle) -> None:
+    store.file("x", "t", "filed")
+    store.transition("x", "verified", "gate", "p=0.01", evidence={"decision": "accept", "p_value": 0.01})
+    store.transition("x", "promoted", "ann", "ship", evidence={"note": "mine"})
+    assert store.evidence("x") == {"decision": "accept", "p_value": 0.01}
+    assert latest_evidence(store.records()) == {"x": {"decision": "accept", "p_value": 0.01}}
+
+
+def test_logs_written_before_the_kinds_shared_a_store_read_as_records(tmp_path: Path) -> None:
+    skill = {"skill": "s", "from_status": None, "to_status": "candidate", "who": "d", "why": "w",
+             "at": "2026-01-01T00:00:00Z", "content_hash": "h", "evidence": {}}  # fmt: skip
+    adapter = {"version": 3, "from": "", "to": "candidate", "who": "t", "why": "trained",
+               "at": "2026-01-01T00:00:00+00:00", "evidence": {}}  # fmt: skip
+    (tmp_path / AUDIT).write_text(json.dumps(skill) + "\n" + json.dumps(adapter) + "\n")
+    records = Lifecycle(tmp_path, "thing").records()
+    assert [(r.name, r.from_status, r.to_status) for r in records] == [
+        ("s", None, "candidate"),
+        ("3", None, "candidate"),
+    ]
+
+
+def test_a_damaged_log_is_refused_not_appended_to(store: Lifecycle) -> None:
+    _at(store, "x", "verified")
+    log = store.root / AUDIT
+    log.write_bytes(log.read_bytes() + b'{"name": "x", "from_st')  # a kill mid-append
+    with pytest.raises(StateFileError, match="torn line 3"):
+        store.transition("x", "promoted", "ann", "ship")
+    assert log.read_bytes().endswith(b'"from_st')  # nothing glued on behind it
+
+
+def test_the_lock_is_reentrant_in_one_thread(store: Lifecycle) -> None:
+    store.file("x", "t", "filed")
+    with store.locked(), store.locked():  # a kind holds it around its own checks and the change
+        store.transition("x", "verified", "gate", "ok")
+    assert store.status("x") == "verified"
+
+
+def _promote(root: str, who: str, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    try:
+        Lifecycle(Path(root), "thing").transition("x", "promoted", who, "race", expect="verified")
+        queue.put("won")
+    except CandidateStateError as exc:
+        queue.put(str(exc))
+
+
+def test_processes_racing_to_promote_one_wins(store: Lifecycle) -> None:
+    _at(store, "x", "verified")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_promote, args=(str(store.root), f"p{i}", queue)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    outcomes = [queue.get(timeout=5) for _ in procs]
+    assert outcomes.count("won") == 1
+    assert all("is promoted, not verified" in o for o in outcomes if o != "won")
+    assert [r.to_status for r in store.records()].count("promoted") == 1
+
+
+def test_a_record_round_trips(store: Lifecycle) -> None:
+    store.file("x", "t", "filed", content_hash="abc")
+    (line,) = (store.root / AUDIT).read_text().splitlines()
+    assert Record.model_validate_json(line).content_hash == "abc"
