@@ -107,8 +107,8 @@ def install_champion(settings: Any, adapter_dir: Path) -> None:
     if registry.champion() is not None:
         return
     v = registry.register(adapter_dir, None, str(adapter_dir), "bench", "bench", who="bench")
-    registry.decide(v.version, "verified", who="bench", why="given", evidence={"decision": "accept"})
-    registry.promote(v.version, who="bench", why="the policy under test")
+    registry.transition(v.name, "verified", who="bench", why="given", evidence={"decision": "accept"})
+    registry.transition(v.name, "promoted", who="bench", why="the policy under test")
 
 
 def run_aa(

@@ -36,6 +36,14 @@ def _passed(registry: AdapterRegistry, tmp_path: Path, seed: int) -> int:
     return v.version
 
 
+def _two_promoted(registry: AdapterRegistry, tmp_path: Path) -> tuple[int, int]:
+    """Two versions promoted in turn: the second is the champion, the first still promoted."""
+    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
+    decide(registry, str(first), "promote", who="me", why="gen 1")
+    decide(registry, str(second), "promote", who="me", why="gen 2")
+    return first, second
+
+
 def _alias(registry: AdapterRegistry) -> int | None:
     try:
         return int(registry.client.get_model_version_by_alias(registry.name, CHAMPION).version)
@@ -76,9 +84,7 @@ def test_the_alias_moves_only_for_a_version_that_passed_the_gate(
 def test_rollback_restores_the_previous_champion_then_the_base_model(
     registry: AdapterRegistry, tmp_path: Path
 ) -> None:
-    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
-    decide(registry, str(first), "promote", who="me", why="gen 1")
-    decide(registry, str(second), "promote", who="me", why="gen 2")
+    first, second = _two_promoted(registry, tmp_path)
     assert registry.champion().version == second and _alias(registry) == second
     assert decide(registry, str(second), "rollback", who="me", why="regressed in production") == [str(second)]
     back = registry.champion()
@@ -139,9 +145,7 @@ def test_an_adapter_whose_files_changed_is_refused(registry: AdapterRegistry, tm
 def test_a_rollback_onto_changed_files_is_refused_and_changes_nothing(
     registry: AdapterRegistry, tmp_path: Path
 ) -> None:
-    first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
-    decide(registry, str(first), "promote", who="me", why="gen 1")
-    decide(registry, str(second), "promote", who="me", why="gen 2")
+    first, second = _two_promoted(registry, tmp_path)
     (registry.local_dir(registry.get(first).sha256) / "adapter_model.safetensors").write_bytes(b"x")
     with pytest.raises(AdapterError, match="sha256"):
         decide(registry, str(second), "rollback", who="me", why="back to gen 1")

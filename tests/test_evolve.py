@@ -108,7 +108,7 @@ def _state(data: Path) -> dict[str, Any]:
         "per_split": Counter((t.generation, t.split, t.kind) for t in trajs),
         "journal": [(r.generation, r.stage) for r in Journal.load(s).records],
         "skills": sorted((k.content_hash, k.status) for k in library.list()),
-        "audit": Counter((r.skill, r.to_status) for r in library.history()),
+        "audit": Counter((r.name, r.to_status) for r in library.history()),
         "adapters": sorted((v.dataset, v.config) for v in versions),
         "champion": registry.champion(),
         "registry": registry,
@@ -220,7 +220,9 @@ def test_a_kill_mid_explore_resumes_without_losing_or_repeating_rollouts(data: P
         "skill.recorded:1",  # a verdict's record written, its SKILL.md not rewritten
         "skill.transition:1",  # a candidate just verified or rejected
         "adapter.trained:1",
+        "adapter.created:1",  # an MLflow model version created, not filed in the lifecycle
         "adapter.registered:1",
+        "adapter.recorded:1",  # a verdict's record written, the MLflow tags and alias not
         "adapter.decided:1",
         "stage.finished:7",  # generation 1's evaluate done, not in the journal
     ],

@@ -179,8 +179,8 @@ def test_the_next_run_plays_the_champion_adapter_and_refuses_a_tampered_one(
     settings = _settings(tmp_path)
     registry = AdapterRegistry(settings)
     v = registry.register(tmp_path / "adapter", "", "file:///nowhere", "d", "c", who="test")
-    registry.decide(v.version, "verified", who="test", why="gate passed", evidence={"decision": "accept"})
-    registry.promote(v.version, who="test", why="champion")
+    registry.transition(v.name, "verified", who="test", why="gate passed", evidence={"decision": "accept"})
+    registry.transition(v.name, "promoted", who="test", why="champion")
     with open_runtime(settings, embedded_server) as rt:
         policy = rt.live_policy()
         assert (policy.adapter, policy.adapter_hash) == (v.served_name, v.sha256)
