@@ -4,8 +4,10 @@
               └─(no tool call, budget left)→ model        └─(done / budget spent)→ END
 
 Environment actions are tools (the episode's `tools()` may change every step, e.g. the
-valid moves of a text game); active skills enter through the system prompt and active
-tools are bound beside the environment's (the policy's two hooks). The episode and the
+valid moves of a text game); active skills enter through the system prompt, active tools
+are bound beside the environment's, and the policy's action rules narrow the environment's
+enumerated actions before the model chooses (`skills/rules.py`; the rules that fired are
+recorded on the step). The first two ask for the model's attention; the third does not. The episode and the
 step recorder live in the run's context, not in graph state: a node that raises loses its
 state update, but its step is still appended to `context.steps` in a `finally` block.
 Errors the model causes (no tool call, an invalid action) are shown to it and the episode
@@ -27,6 +29,7 @@ from langgraph.runtime import Runtime
 
 from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
+from ratchet.skills.rules import Tried, call_text, constrain_tools, normal
 from ratchet.suites.base import ActionError, Episode, StepResult
 from ratchet.types import TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
 
@@ -64,6 +67,7 @@ class RolloutContext:
     steps: list[Step] = field(default_factory=list)
     outcome: StepResult | None = None
     pending: Step | None = None
+    tried: list[Tried] = field(default_factory=list)  # (observation, action) of every played step
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,9 +81,13 @@ class RolloutContext:
     def system_text(self) -> str:
         return system_prompt(self.policy.skills if self.skills is None else self.skills)
 
-    def tool_defs(self) -> list[dict[str, Any]]:
-        """The environment's tools of this step, then the policy's."""
-        return [t.to_openai() for t in (*self.episode.tools(), *self.policy.tools)]
+    def tool_defs(self, step: Step | None = None) -> list[dict[str, Any]]:
+        """The environment's tools of this step, narrowed by the policy's rules (which fired
+        is recorded on `step`), then the policy's tools."""
+        env, fired = constrain_tools(self.episode.tools(), self.policy.rules, self.observation, self.tried)
+        if step is not None:
+            step.rules = fired
+        return [t.to_openai() for t in (*env, *self.policy.tools)]
 
     def prompt_record(self, task: str, first_observation: str) -> PromptRecord:
         return PromptRecord(
@@ -144,6 +152,7 @@ def build_actor(llm: BaseChatModel) -> Any:
         started = time.perf_counter()
         try:
             result = _execute(ctx, step.tool_call)
+            ctx.tried.append(Tried(normal(ctx.observation), call_text(step.tool_call)))
             step.tool_result, step.reward = result.observation, result.reward
             ctx.options = result.options
             if result.done:
@@ -184,7 +193,7 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step)
         ctx.system_text, state["task"], state["messages"], ctx.settings.history_window, ctx.options
     )
     seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
-    bound = llm.bind_tools(ctx.tool_defs(), tool_choice="required")
+    bound = llm.bind_tools(ctx.tool_defs(step), tool_choice="required")
     # the policy's adapter is addressed by name as the request's model (vLLM's multi-LoRA convention)
     msg = bound.invoke(prompt, temperature=ctx.settings.temperature, seed=seed, model=ctx.policy.served_model)
     usage = getattr(msg, "usage_metadata", None) or {}

@@ -6,7 +6,10 @@ Per task family (suite:subset) of the train split:
   written up by the `distiller`;
 * guardrails — one per failure cluster with at least `diagnose.min_cluster` members;
 * tools — the best patterns as parameterized macros, and for question-answer families a
-  teacher-written function, by the `toolsmith`, tested in the sandbox.
+  teacher-written function, by the `toolsmith`, tested in the sandbox;
+* rules — action rules mined from the diagnoses' attributions and stagnation clusters
+  (`skills/rule_mining.py`, no model call): data the actor applies to the menu of valid
+  actions, so they act even on a policy that ignores its prompt.
 
 Every candidate passes the injection screen built from the family's trajectories and keeps
 the ids of the trajectories it came from. Candidates are filed in the skill library, where
@@ -34,6 +37,7 @@ from ratchet.flows.runtime import LoopRuntime, open_runtime
 from ratchet.skills.format import Skill, render
 from ratchet.skills.library import AddResult
 from ratchet.skills.mining import mine_patterns
+from ratchet.skills.rule_mining import MinedRule, mine_rules
 from ratchet.skills.screen import Screen
 from ratchet.types import Trajectory
 
@@ -52,7 +56,9 @@ class DistillResult:
     def counts(self) -> dict[str, int]:
         added = Counter(c.skill.kind for c in self.candidates if c.result.action == "added")
         return {
-            **{f"distill_{k}_candidates": added.get(k, 0) for k in ("procedure", "guardrail", "tool")},
+            **{
+                f"distill_{k}_candidates": added.get(k, 0) for k in ("procedure", "guardrail", "tool", "rule")
+            },
             "distill_merged": sum(c.result.action == "merged" for c in self.candidates),
             "distill_dropped": len(self.dropped),
         }
@@ -72,15 +78,23 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
     for t in rows:
         families[f"{t.suite}:{t.subset}"].append(t)
     clusters: dict[str, list] = defaultdict(list)
-    for d in rt.store.diagnoses(s.evolution, generation):
+    diagnoses = rt.store.diagnoses(s.evolution, generation)
+    for d in diagnoses:
         if d.cluster is not None:
             clusters[d.cluster].append(d)
     teacher = rt.teacher if s.distill.teacher else None
     distiller, toolsmith = build_distiller(teacher), build_toolsmith(teacher)
     out = DistillResult()
     jobs: list[tuple[str, Any, dict[str, Any]]] = []
+    rules: list[Skill] = []
     for family, trajs in sorted(families.items()):
         screen = Screen.from_trajectories(trajs)
+        for mined in mine_rules(family, trajs, diagnoses, s.distill.min_tasks, top=s.distill.rules):
+            skill = rule_skill(mined, family, s.evolution, generation)
+            if problems := screen.problems(f"{skill.description}\n{skill.body}"):
+                out.dropped.append({"job": f"rule {mined.name}", "problems": problems})
+            else:
+                rules.append(skill)
         wins = [t for t in trajs if t.success and t.status == "finished"]
         patterns = mine_patterns(wins, min_tasks=s.distill.min_tasks, top=s.distill.patterns)
         if patterns:
@@ -98,6 +112,8 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
             jobs.append((f"macro {family}", toolsmith, {"job": job, "screen": screen}))
         if teacher is not None and (fjob := function_job(family, wins)) is not None:
             jobs.append((f"function {family}", toolsmith, {"job": fjob, "screen": screen}))
+    for skill in rules:  # mined, nothing to wait for
+        out.candidates.append(Candidate(skill, rt.library.add(skill)))
     report("distill", 0, len(jobs))
     futures = [(label, graph_task.submit(graph, state, label)) for label, graph, state in jobs]
     for n, (label, future) in enumerate(futures, 1):
@@ -150,6 +166,27 @@ def to_skill(final: dict[str, Any], evolution: str, generation: int) -> Skill | 
     )
 
 
+def rule_skill(mined: MinedRule, family: str, evolution: str, generation: int) -> Skill:
+    """A mined rule as a skill of kind `rule`: its data in scripts/rule.json, its evidence in prose."""
+    spec = mined.spec
+    body = (
+        "An action rule: ratchet applies it to the menu of valid actions before the model chooses "
+        f"(its data is scripts/rule.json).\n\n{mined.description}"
+    )
+    return Skill(
+        name=mined.name,
+        description=f"{mined.kind} rule for {family}: "
+        + (", ".join(spec.prefer or spec.avoid) or "no repeats"),
+        body=body,
+        kind="rule",
+        family=family,
+        evolution=evolution,
+        generation=generation,
+        provenance=list(mined.trajectory_ids),
+        rule=spec,
+    )
+
+
 def function_job(family: str, wins: list[Trajectory]) -> FunctionJob | None:
     """Question-answer families: every solved task ends with a one-argument call of a tool used
     for nothing else (an `answer` tool), and the answers differ from task to task."""
@@ -177,6 +214,8 @@ def _log(result: DistillResult) -> None:
         mlflow.log_text(render(c.skill.model_copy(update={"name": c.result.name})), f"{base}/SKILL.md")
         if c.skill.tool is not None:
             mlflow.log_text(c.skill.tool.code, f"{base}/scripts/tool.py")
+        if c.skill.rule is not None:
+            mlflow.log_text(c.skill.rule.model_dump_json(indent=2), f"{base}/scripts/rule.json")
     summary = {
         "candidates": [
             {

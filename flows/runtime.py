@@ -143,10 +143,13 @@ def champion_policy(settings: Settings, library: SkillLibrary) -> Policy:
 
 
 def policy_with(base: Policy, skills: list[Skill]) -> Policy:
-    """`base` plus these skills: procedures and guardrails as prompt skills, tools as tools."""
-    texts = tuple(s.text() for s in skills if s.kind != "tool")
+    """`base` plus these skills: procedures and guardrails as prompt skills, tools as tools,
+    rules as rules on the action menu."""
+    texts = tuple(s.text() for s in skills if s.kind in ("procedure", "guardrail"))
     tools = tuple(s.tool_spec() for s in skills if s.kind == "tool")
-    return base.model_copy(update={"skills": base.skills + texts, "tools": base.tools + tools})
+    rules = tuple(s.rule_spec() for s in skills if s.kind == "rule")
+    update = {"skills": base.skills + texts, "tools": base.tools + tools, "rules": base.rules + rules}
+    return base.model_copy(update=update)
 
 
 @contextmanager

@@ -106,6 +106,11 @@ class DistillSettings(Section):
     min_tasks: int = Field(default=2, ge=1, description="tasks an action pattern must recur in")
     patterns: int = Field(default=4, ge=1, description="patterns per family shown to the distiller")
     tools: int = Field(default=2, ge=0, description="macro tool candidates per family")
+    rules: int = Field(
+        default=3,
+        ge=0,
+        description="action rule candidates per family (mined, no teacher: skills/rule_mining.py)",
+    )
     merge_similarity: float = Field(
         default=0.92, gt=0, le=1, description="near-duplicates of an existing skill are merged into it"
     )

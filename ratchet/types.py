@@ -63,6 +63,7 @@ class Step(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    rules: list[str] = Field(default_factory=list, description="the policy's rules that narrowed the menu")
 
 
 class PromptRecord(BaseModel):
@@ -163,8 +164,24 @@ class ToolSpec(BaseModel):
         }
 
 
+class RuleSpec(BaseModel):
+    """An action rule: data ratchet applies to the menu of valid actions before the model
+    chooses (`ratchet.skills.rules`). Patterns are actions in the attribution's normal form
+    (`act: take coin`); `*` stands for one or more words."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    prefer: tuple[str, ...] = Field(default=(), description="when any is on the menu, the menu is just those")
+    avoid: tuple[str, ...] = Field(default=(), description="taken off the menu")
+    when: tuple[str, ...] = Field(default=(), description="phrases that must all be in the observation")
+    no_repeat: bool = Field(
+        default=False, description="at an observation seen before, not an action already taken from it"
+    )
+
+
 class Policy(BaseModel):
-    """What acts: model endpoint + LoRA adapter + active skills + active tools."""
+    """What acts: model endpoint + LoRA adapter + active skills + active tools + action rules."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -173,6 +190,7 @@ class Policy(BaseModel):
     adapter_hash: str | None = Field(default=None, description="content hash of the adapter weights")
     skills: tuple[SkillText, ...] = ()
     tools: tuple[ToolSpec, ...] = ()
+    rules: tuple[RuleSpec, ...] = ()
 
     @property
     def served_model(self) -> str:
@@ -188,7 +206,9 @@ class Policy(BaseModel):
                 "adapter": self.adapter_hash,
                 "skills": sorted(s.content_hash for s in self.skills),
                 "tools": sorted(content_hash(t.model_dump()) for t in self.tools),
-            },
+            }
+            # only when there are rules, so every policy without them keeps its version
+            | ({"rules": sorted(content_hash(r.model_dump()) for r in self.rules)} if self.rules else {}),
             length=12,
         )
 

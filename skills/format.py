@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ratchet.errors import SkillFileError
 from ratchet.hashing import content_hash
 from ratchet.lifecycle import Status
-from ratchet.types import SkillText, ToolSpec
+from ratchet.types import RuleSpec, SkillText, ToolSpec
 
-SkillKind = Literal["procedure", "guardrail", "tool"]
+SkillKind = Literal["procedure", "guardrail", "tool", "rule"]
 SkillStatus = Status  # the one candidate lifecycle (`ratchet.lifecycle`)
 ToolKind = Literal["macro", "function"]
 
@@ -66,6 +66,7 @@ class Skill(BaseModel):
     provenance: list[str] = Field(default_factory=list, description="trajectory ids it came from")
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     tool: ToolSource | None = None
+    rule: RuleSpec | None = None  # kind "rule": data the actor applies to the menu (`skills/rules.py`)
 
     @field_validator("name")
     @classmethod
@@ -90,11 +91,23 @@ class Skill(BaseModel):
 
     @property
     def content_hash(self) -> str:
-        return skill_hash(self.name, self.description, self.body, self.tool)
+        return skill_hash(self.name, self.description, self.body, self.tool, self.rule)
 
     def text(self) -> SkillText:
         """What the actor's prompt shows (procedures and guardrails)."""
         return SkillText(name=self.name, description=self.description, body=self.body)
+
+    @model_validator(mode="after")
+    def _rule_only_for_rules(self) -> Skill:
+        if (self.kind == "rule") != (self.rule is not None):
+            raise ValueError("a skill of kind 'rule' carries a rule, and only such a skill does")
+        return self
+
+    def rule_spec(self) -> RuleSpec:
+        """The rule as the actor applies it, named as filed (its firings name the skill)."""
+        if self.rule is None:
+            raise ValueError(f"skill {self.name!r} is not a rule")
+        return self.rule.model_copy(update={"name": self.name})
 
     def tool_spec(self) -> ToolSpec:
         if self.tool is None:
@@ -102,8 +115,13 @@ class Skill(BaseModel):
         return ToolSpec(name=self.name, description=self.description, parameters=self.tool.parameters)
 
 
-def skill_hash(name: str, description: str, body: str, tool: ToolSource | None) -> str:
-    return content_hash([name, description, body.strip(), tool.model_dump() if tool else None], length=16)
+def skill_hash(
+    name: str, description: str, body: str, tool: ToolSource | None, rule: RuleSpec | None = None
+) -> str:
+    parts: list[Any] = [name, description, body.strip(), tool.model_dump() if tool else None]
+    if rule is not None:  # appended only for rules, so every other skill keeps the hash it was filed with
+        parts.append(rule.model_dump(mode="json"))
+    return content_hash(parts, length=16)
 
 
 # ------------------------------------------------------------------ files
@@ -135,6 +153,11 @@ def write_files(skill: Skill, directory: Path) -> None:
         (scripts / "tool.py").write_text(skill.tool.code, encoding="utf-8")
         spec = {"kind": skill.tool.kind, "entry": skill.tool.entry, "parameters": skill.tool.parameters}
         (scripts / "tool.json").write_text(json.dumps(spec, indent=2, sort_keys=True), encoding="utf-8")
+    if skill.rule is not None:
+        scripts = directory / "scripts"
+        scripts.mkdir(exist_ok=True)
+        spec = skill.rule.model_dump(mode="json")
+        (scripts / "rule.json").write_text(json.dumps(spec, indent=2, sort_keys=True), encoding="utf-8")
     (directory / FILE).write_text(render(skill), encoding="utf-8")
 
 
@@ -181,6 +204,7 @@ def load(directory: Path) -> Skill:
             provenance=str(meta.get("ratchet-provenance", "")).split(),
             created_at=meta.get("ratchet-created-at") or datetime.now(UTC),
             tool=_load_tool(directory) if meta["ratchet-kind"] == "tool" else None,
+            rule=_load_rule(directory) if meta["ratchet-kind"] == "rule" else None,
         )
     except (ValidationError, ValueError) as exc:
         first = str(exc).splitlines()
@@ -198,6 +222,14 @@ def load(directory: Path) -> Skill:
             "restore it, or distill a new candidate instead of editing one",
         )
     return skill
+
+
+def _load_rule(directory: Path) -> RuleSpec:
+    try:
+        spec = json.loads((directory / "scripts" / "rule.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"rule file unreadable: {exc}") from None
+    return RuleSpec.model_validate(spec)
 
 
 def _load_tool(directory: Path) -> ToolSource:

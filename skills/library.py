@@ -213,7 +213,7 @@ class SkillLibrary:
         for hit in self.index.query(_document(skill), 3, where=where):
             if 1.0 - hit.distance >= self.merge_similarity and (self.root / hit.id / FILE).exists():
                 existing = self.get(hit.id)
-                if existing.tool == skill.tool or skill.tool is None:
+                if (existing.tool == skill.tool or skill.tool is None) and _same_rule(existing, skill):
                     return existing
         return None
 
@@ -271,6 +271,13 @@ def _document(skill: Skill) -> str:
 
 def _metadata(skill: Skill) -> dict[str, Any]:
     return {"kind": skill.kind, "status": skill.status, "family": skill.family, "hash": skill.content_hash}
+
+
+def _same_rule(a: Skill, b: Skill) -> bool:
+    """Two rules are one only if they act alike (their names may differ); other kinds have none."""
+    if a.rule is None or b.rule is None:
+        return a.rule is b.rule
+    return a.rule.model_dump(exclude={"name"}) == b.rule.model_dump(exclude={"name"})
 
 
 def _union(a: list[str], b: list[str]) -> list[str]:

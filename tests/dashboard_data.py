@@ -91,6 +91,7 @@ def build(data_dir: Path) -> Built:
 
     store = open_store(settings.trajectories_db)
     won = traj(["look around", "take coin"], success=True, tid="t-win")
+    won.steps[1].rules = ["coin-prefer-take-coin"]  # a rule narrowed the menu to `take coin`
     lost = traj(["inventory", "inventory"], success=False, tid="t-lost")
     for t in (won, lost):
         store.put(t.model_copy(update={"evolution": "nightly", "generation": 1}))

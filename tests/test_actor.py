@@ -295,3 +295,43 @@ def test_only_the_skills_chosen_for_the_task_are_shown():
     run_rollout(build_actor(llm), SUITE, SLOT, policy, ActorSettings(max_steps=5), skills=(b,))
     system = llm.calls[0]["messages"][0].content
     assert "Body of B." in system and "Body of A." not in system
+
+
+def _offered(llm: ScriptedChatModel, i: int) -> list[str]:
+    return llm.calls[i]["tools"][0]["function"]["parameters"]["properties"]["action"]["enum"]
+
+
+def test_a_prefer_rule_narrows_what_the_model_may_choose_and_is_recorded():
+    from ratchet.types import RuleSpec
+
+    rule = RuleSpec(name="c-prefer-up", prefer=("act: up",))
+    t, llm = play([call("act", action="up"), call("act", action="up")], Policy(model="m", rules=(rule,)))
+    assert t.success
+    assert _offered(llm, 0) == _offered(llm, 1) == ["up"]  # the model's constrained choice
+    assert [s.rules for s in t.steps] == [["c-prefer-up"], ["c-prefer-up"]]
+    bare, plain = play([call("act", action="up"), call("act", action="up")])
+    assert _offered(plain, 0) == ["up", "down"] and [s.rules for s in bare.steps] == [[], []]
+
+
+def test_a_no_repeat_rule_offers_only_untried_actions_back_at_a_seen_observation():
+    from ratchet.types import RuleSpec
+
+    rule = RuleSpec(name="c-no-repeat", no_repeat=True)
+    script = [call("act", action="up"), call("act", action="down"), call("act", action="down")]
+    t, llm = play(script, Policy(model="m", rules=(rule,)), max_steps=3)
+    assert _offered(llm, 0) == ["up", "down"]  # value 0, first visit
+    assert _offered(llm, 1) == ["up", "down"]  # value 1, first visit
+    assert _offered(llm, 2) == ["down"]  # back at value 0, where 'up' was tried
+    assert [s.rules for s in t.steps] == [[], [], ["c-no-repeat"]]
+
+
+def test_rules_change_the_policy_version_and_their_absence_keeps_it():
+    from ratchet.hashing import content_hash
+    from ratchet.types import RuleSpec
+
+    # a policy without rules keeps the version it had before rules existed (stored rollouts are keyed by it)
+    before = content_hash({"model": "m", "adapter": None, "skills": [], "tools": []}, length=12)
+    assert Policy(model="m").version == before
+    a, b = RuleSpec(name="a", prefer=("act: up",)), RuleSpec(name="b", no_repeat=True)
+    assert Policy(model="m", rules=(a,)).version not in (before, Policy(model="m", rules=(b,)).version)
+    assert Policy(model="m", rules=(a, b)).version == Policy(model="m", rules=(b, a)).version

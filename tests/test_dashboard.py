@@ -75,6 +75,9 @@ def test_trajectory_viewer_shows_each_step(client: TestClient) -> None:
     assert "success · textworld-express:coin:train:1" in html
     assert html.count('class="step source-model') == 2
     assert 'act({"action": "take coin"})' in html
+    # a rule that narrowed the menu is named on its step, linked to the skill
+    (rules,) = re.findall(r'<p class="rules">.*?</p>', html, flags=re.S)
+    assert 'href="/skills/coin-prefer-take-coin"' in rules and html.index(rules) > html.index("look around")
 
 
 def test_bad_addresses_get_one_line_and_the_fix(client: TestClient) -> None:

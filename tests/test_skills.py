@@ -191,3 +191,35 @@ def test_rollback_restores_the_live_set_from_before_the_promotion(library: Skill
     assert library.history(names[2])[-1].why == "rollback of s1: regressed in prod"
     with pytest.raises(SkillStateError, match="not live"):
         library.rollback(names[1], who="bob", why="again")
+
+
+def test_a_rule_is_filed_with_its_data_and_an_edited_rule_file_is_refused(library: SkillLibrary) -> None:
+    import json
+
+    from ratchet.errors import SkillFileError
+    from ratchet.flows.runtime import policy_with
+    from ratchet.types import Policy, RuleSpec
+
+    spec = RuleSpec(name="coin-prefer-take-coin", prefer=("act: take coin",))
+    rule = Skill(
+        name="coin-prefer-take-coin",
+        description="prefer rule for textworld-express:coin: act: take coin",
+        body="An action rule.",
+        kind="rule",
+        family="textworld-express:coin",
+        evolution="e",
+        generation=1,
+        rule=spec,
+    )
+    name = library.add(rule).name
+    loaded = library.get(name)
+    assert loaded.rule == spec and loaded.content_hash == rule.content_hash
+    policy = policy_with(Policy(model="m"), [loaded])
+    assert policy.rules == (spec,) and policy.skills == ()  # a rule acts on the menu, not in the prompt
+    path = library.root / name / "scripts" / "rule.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps(data | {"prefer": ["act: *"]}))  # widen it by hand
+    with pytest.raises(SkillFileError, match="content hash"):
+        library.get(name)
+    with pytest.raises(ValueError, match="carries a rule"):
+        rule.model_copy(update={"rule": None}).model_validate(rule.model_dump() | {"rule": None})

@@ -1,0 +1,96 @@
+"""Action rules as the actor applies them: the menu narrows, never empties, and says why."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratchet.skills.rules import Tried, apply_rules, call_text, constrain_tools, matches
+from ratchet.types import RuleSpec, ToolCall, ToolSpec
+
+MENU = ["act: look around", "act: move south", "act: open door to west", "act: take coin"]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "action", "hit"),
+    [
+        ("act: take coin", "act: take coin", True),
+        ("act: take coin", "act: take  Coin", True),  # normal form on both sides
+        ("act: take coin", "act: take coins", False),  # whole words, no prefix match
+        ("act: take coin", "act: take coin from table", False),  # the whole action
+        ("act: open door to *", "act: open door to west", True),
+        ("act: open door to *", "act: open door to", False),  # * is at least one word
+        ("act: open * to west", "act: open sliding door to west", True),
+        ("act: take c.in", "act: take coin", False),  # no regex leaks through
+    ],
+)
+def test_patterns_match_whole_actions_word_by_word(pattern: str, action: str, hit: bool) -> None:
+    assert matches(pattern, action) is hit
+
+
+def test_prefer_forces_the_menu_when_its_action_is_there() -> None:
+    rule = RuleSpec(name="coin-prefer-take-coin", prefer=("act: take coin",))
+    assert apply_rules([rule], "You see a coin.", MENU) == (["act: take coin"], ["coin-prefer-take-coin"])
+    rest = [a for a in MENU if a != "act: take coin"]
+    assert apply_rules([rule], "A kitchen.", rest) == (rest, [])  # not on the menu: nothing fires
+
+
+def test_when_gates_a_rule_on_the_observation() -> None:
+    rule = RuleSpec(name="r", prefer=("act: take coin",), when=("coin",))
+    assert apply_rules([rule], "Nothing here.", MENU) == (MENU, [])
+    assert apply_rules([rule], "You see a COIN.", MENU)[0] == ["act: take coin"]
+
+
+def test_avoid_removes_but_never_empties_the_menu() -> None:
+    rule = RuleSpec(name="no-look", avoid=("act: look around",))
+    assert apply_rules([rule], "", MENU) == (MENU[1:], ["no-look"])
+    assert apply_rules([rule], "", ["act: look around"]) == (["act: look around"], [])
+
+
+def test_no_repeat_takes_off_what_was_already_tried_from_this_observation() -> None:
+    rule = RuleSpec(name="no-repeat", no_repeat=True)
+    tried = [Tried("a kitchen.", "act: move south"), Tried("a pantry.", "act: take coin")]
+    kept, fired = apply_rules([rule], "A  Kitchen.", MENU, tried)
+    assert kept == [a for a in MENU if a != "act: move south"] and fired == ["no-repeat"]
+    assert apply_rules([rule], "A hallway.", MENU, tried) == (MENU, [])  # another state: all untried
+
+
+def test_rules_apply_in_name_order_and_each_firing_is_named_once() -> None:
+    rules = [
+        RuleSpec(name="b-prefer", prefer=("act: move south", "act: take coin")),
+        RuleSpec(name="a-avoid", avoid=("act: take coin",)),
+    ]
+    assert apply_rules(rules, "", MENU) == (["act: move south"], ["a-avoid", "b-prefer"])
+
+
+def _act(valid: list[str]) -> ToolSpec:
+    return ToolSpec(
+        name="act",
+        description="Take one action.",
+        parameters={
+            "type": "object",
+            "properties": {"action": {"type": "string", "enum": valid, "description": "verbatim"}},
+            "required": ["action"],
+        },
+    )
+
+
+def test_constrain_tools_narrows_the_enum_and_keeps_the_original_spelling() -> None:
+    answer = ToolSpec(name="answer", description="Answer.", parameters={"type": "object", "properties": {}})
+    tools = [_act(["look around", "Take Coin"]), answer]
+    rule = RuleSpec(name="r", prefer=("act: take coin",))
+    out, fired = constrain_tools(tools, [rule], "You see a coin.")
+    assert out[0].parameters["properties"]["action"]["enum"] == ["Take Coin"]  # what the env accepts
+    assert out[0].parameters["properties"]["action"]["description"] == "verbatim"
+    assert out[1] == answer and fired == ["r"]
+    assert tools[0].parameters["properties"]["action"]["enum"] == ["look around", "Take Coin"]  # not mutated
+    assert constrain_tools(tools, [], "x") == (tools, [])
+
+
+def test_call_text_is_the_attributions_normal_form() -> None:
+    from ratchet.diagnosis.attribution import normalize_action
+    from ratchet.types import Step
+
+    call = ToolCall(name="act", args={"action": "Take   Coin"})
+    assert (
+        call_text(call) == normalize_action(Step(index=0, observation="", tool_call=call)) == "act: take coin"
+    )
