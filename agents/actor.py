@@ -7,9 +7,10 @@ Environment actions are tools (the episode's `tools()` may change every step, e.
 valid moves of a text game); active skills enter through the system prompt, active tools
 are bound beside the environment's, and the policy's action rules narrow the environment's
 enumerated actions before the model chooses (`skills/rules.py`; the rules that fired are
-recorded on the step). The first two ask for the model's attention; the third does not. The episode and the
-step recorder live in the run's context, not in graph state: a node that raises loses its
-state update, but its step is still appended to `context.steps` in a `finally` block.
+recorded on the step). The first two ask for the model's attention; the third does not.
+The episode and the step recorder live in the run's context, not in graph state: a node
+that raises loses its state update, but its step is still appended to `context.steps` in a
+`finally` block.
 Errors the model causes (no tool call, an invalid action) are shown to it and the episode
 goes on; errors in our code or the environment propagate.
 """

@@ -67,7 +67,7 @@ def failures(
 @skills_app.command("list")
 def skills_list(
     status: StatusOpt = None,
-    kind: Annotated[str | None, typer.Option(help="procedure, guardrail or tool")] = None,
+    kind: Annotated[str | None, typer.Option(help="procedure, guardrail, tool or rule")] = None,
     family: Annotated[str | None, typer.Option(help="suite:subset")] = None,
 ) -> None:
     """List skills with their status and provenance; refused files are named below the table."""
@@ -101,6 +101,9 @@ def skills_show(name: str) -> None:
         if skill.tool is not None:
             console.print(f"[bold]scripts/tool.py[/] ({skill.tool.kind})")
             console.print(escape(skill.tool.code), highlight=False)
+        if skill.rule is not None:
+            console.print("[bold]scripts/rule.json[/] (applied to the menu of valid actions)")
+            console.print(escape(skill.rule.model_dump_json(indent=2)), highlight=False)
         console.print(f"[bold]provenance[/]: {', '.join(skill.provenance)}", soft_wrap=True)
         for r in library.history(name):
             console.print(

@@ -53,7 +53,7 @@ class ToolSource(BaseModel):
 
 
 class Skill(BaseModel):
-    """One skill (procedure, guardrail or tool) with its provenance and lifecycle status."""
+    """One skill (procedure, guardrail, tool or rule) with its provenance and lifecycle status."""
 
     name: str
     description: str

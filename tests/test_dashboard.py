@@ -153,3 +153,26 @@ def test_adapters_show_their_gate_evidence_the_champion_and_their_buttons(tmp_pa
     assert 'id="why"' in html  # the decision bar is there though no skill is
     history = rows_of(html, "champion-history")
     assert any(f"adapter v{first}" in r and "verified → promoted" in r for r in history)
+
+
+def test_a_rule_page_shows_the_rule_it_applies(tmp_path: Path) -> None:
+    from ratchet.config import load_settings
+    from ratchet.skills.format import Skill
+    from ratchet.types import RuleSpec
+
+    settings = load_settings({"data_dir": tmp_path / "data"})
+    spec = RuleSpec(name="coin-no-repeat", no_repeat=True)
+    skill = Skill(
+        name="coin-no-repeat",
+        description="no-repeat rule for textworld-express:coin",
+        body="An action rule.",
+        kind="rule",
+        family="textworld-express:coin",
+        evolution="default",
+        generation=1,
+        rule=spec,
+    )
+    open_library(settings).add(skill)
+    html = local_client(create_dashboard(settings)).get("/skills/coin-no-repeat").text
+    shown = html.split('id="rule"', 1)[1].split("</pre>", 1)[0]
+    assert "&#34;no_repeat&#34;: true" in shown or '"no_repeat": true' in shown
