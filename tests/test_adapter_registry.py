@@ -215,3 +215,16 @@ def test_an_adapter_log_from_before_the_shared_lifecycle_still_reads(
     (registry.root / "audit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
     assert registry.champion().version == version
     assert registry.get(version).evidence == {"decision": "accept"}
+
+
+def test_an_edited_sha256_tag_does_not_launder_changed_files(
+    registry: AdapterRegistry, tmp_path: Path
+) -> None:
+    """The hash a version was filed with is the log's: rewriting the MLflow tag to match
+    swapped files does not make them servable."""
+    version = _passed(registry, tmp_path, 1)
+    path = registry.checked_path(registry.get(version))
+    (path / "adapter_model.safetensors").write_bytes(b"swapped")
+    registry.client.set_model_version_tag(registry.name, str(version), "sha256", adapter_sha256(path))
+    with pytest.raises(AdapterError, match="sha256"):
+        registry.checked_path(registry.get(version))

@@ -230,7 +230,7 @@ class AdapterRegistry:
         tags = dict(mv.tags or {})
         return AdapterVersion(
             version=int(mv.version),
-            sha256=tags.get("sha256", ""),
+            sha256=last.content_hash or tags.get("sha256", ""),  # the log's, as filed: a tag can be edited
             dataset=tags.get("dataset", ""),
             config=tags.get("config", ""),
             status=last.to_status,
