@@ -84,6 +84,22 @@ def add_verified(library: Any, name: str, body: str, family: str = "reasoning-gy
     )
 
 
+def a_rule(spec: Any, family: str = "textworld-express:coin") -> Any:
+    """A skill of kind `rule` carrying `spec` (a RuleSpec), named as the rule."""
+    from ratchet.skills.format import Skill
+
+    return Skill(
+        name=spec.name,
+        description=f"rule for {family}: {spec.name}",
+        body="An action rule.",
+        kind="rule",
+        family=family,
+        evolution="default",
+        generation=1,
+        rule=spec,
+    )
+
+
 def local_client(app: Any) -> Any:
     """A test client that talks to `app` as a browser tab on this machine would (the API
     refuses any Host that is not a loopback name)."""

@@ -157,21 +157,11 @@ def test_adapters_show_their_gate_evidence_the_champion_and_their_buttons(tmp_pa
 
 def test_a_rule_page_shows_the_rule_it_applies(tmp_path: Path) -> None:
     from ratchet.config import load_settings
-    from ratchet.skills.format import Skill
     from ratchet.types import RuleSpec
+    from tests.factories import a_rule
 
     settings = load_settings({"data_dir": tmp_path / "data"})
-    spec = RuleSpec(name="coin-no-repeat", no_repeat=True)
-    skill = Skill(
-        name="coin-no-repeat",
-        description="no-repeat rule for textworld-express:coin",
-        body="An action rule.",
-        kind="rule",
-        family="textworld-express:coin",
-        evolution="default",
-        generation=1,
-        rule=spec,
-    )
+    skill = a_rule(RuleSpec(name="coin-no-repeat", no_repeat=True))
     open_library(settings).add(skill)
     html = local_client(create_dashboard(settings)).get("/skills/coin-no-repeat").text
     shown = html.split('id="rule"', 1)[1].split("</pre>", 1)[0]

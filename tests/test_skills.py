@@ -199,18 +199,10 @@ def test_a_rule_is_filed_with_its_data_and_an_edited_rule_file_is_refused(librar
     from ratchet.errors import SkillFileError
     from ratchet.flows.runtime import policy_with
     from ratchet.types import Policy, RuleSpec
+    from tests.factories import a_rule
 
     spec = RuleSpec(name="coin-prefer-take-coin", prefer=("act: take coin",))
-    rule = Skill(
-        name="coin-prefer-take-coin",
-        description="prefer rule for textworld-express:coin: act: take coin",
-        body="An action rule.",
-        kind="rule",
-        family="textworld-express:coin",
-        evolution="e",
-        generation=1,
-        rule=spec,
-    )
+    rule = a_rule(spec)
     name = library.add(rule).name
     loaded = library.get(name)
     assert loaded.rule == spec and loaded.content_hash == rule.content_hash
