@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ratchet.types import Diagnosis, FailureMode
+from ratchet.types import Diagnosis, FailureMode, family_of
 
 
 @dataclass
@@ -39,7 +39,7 @@ def cluster_diagnoses(
         raise ValueError("one embedding per diagnosis")
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, d in enumerate(diagnoses):
-        groups[(d.task_id.rsplit(":", 2)[0], d.mode)].append(i)
+        groups[(family_of(d.task_id), d.mode)].append(i)
     out: list[FailureCluster] = []
     for (family, mode), idx in sorted(groups.items()):
         idx.sort(key=lambda i: diagnoses[i].trajectory_id)

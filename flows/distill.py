@@ -39,7 +39,7 @@ from ratchet.skills.library import AddResult
 from ratchet.skills.mining import mine_patterns
 from ratchet.skills.rule_mining import MinedRule, mine_rules
 from ratchet.skills.screen import Screen
-from ratchet.types import Trajectory
+from ratchet.types import Trajectory, family_of
 
 
 @dataclass
@@ -103,7 +103,7 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
             job = ProcedureJob(family, patterns, lengths, ids)
             jobs.append((f"procedure {family}", distiller, {"job": job, "screen": screen}))
         for cid, members in sorted(clusters.items()):
-            if members[0].task_id.rsplit(":", 2)[0] == family and len(members) >= s.diagnose.min_cluster:
+            if family_of(members[0].task_id) == family and len(members) >= s.diagnose.min_cluster:
                 job = GuardrailJob(family, members[0].mode, members)
                 jobs.append((f"guardrail {cid}", distiller, {"job": job, "screen": screen}))
         for p in [p for p in patterns if p.params][: s.distill.tools]:

@@ -25,7 +25,7 @@ from ratchet.errors import AdapterStateError, CandidateStateError
 from ratchet.flows.runtime import open_library
 from ratchet.runtime_env import prepare_environment
 from ratchet.skills.library import SkillLibrary
-from ratchet.training.registry import AdapterRegistry
+from ratchet.training.registry import AdapterRegistry, may_have_adapters
 
 
 class PromotionForm(RunInput):
@@ -124,7 +124,7 @@ def promote_flow(
     settings = settings or settings_from(config, overrides)
     prepare_environment(settings)
     library = open_library(settings)
-    registry = AdapterRegistry(settings) if (settings.data_dir / "mlflow.db").is_file() else None
+    registry = AdapterRegistry(settings) if may_have_adapters(settings) else None
     verified = _verified(library, registry)
     if not verified:
         get_run_logger().info("no verified candidates: nothing to decide")

@@ -32,7 +32,7 @@ from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary, read_audit
 from ratchet.skills.toolbox import Toolbox
 from ratchet.suites import Suite, get_suite
-from ratchet.training.registry import AdapterRegistry, AdapterVersion
+from ratchet.training.registry import AdapterRegistry, AdapterVersion, may_have_adapters
 from ratchet.types import Policy
 
 
@@ -229,7 +229,7 @@ def check_state_files(settings: Settings) -> None:
         finally:
             store.close()
     read_audit(settings.skills_dir)
-    if (settings.data_dir / "mlflow.db").is_file():  # else no adapter was ever registered
+    if may_have_adapters(settings):
         registry = AdapterRegistry(settings)
         champion = registry.champion()
         if champion is not None:

@@ -234,5 +234,6 @@ class Lifecycle:
         return list(reversed(live[live.index(name) :]))
 
     def _append(self, record: Record) -> None:
-        self.records()  # refuse to append behind a damaged line (it would glue onto it)
+        """Callers have just read the whole log under the lock (`last()`), which refuses a
+        damaged line, so nothing is ever appended behind one (it would glue onto it)."""
         append_line(self.root / AUDIT, record.model_dump_json())

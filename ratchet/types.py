@@ -44,6 +44,11 @@ def parse_task_id(tid: str) -> tuple[str, str, Split, int]:
     return parts[0], parts[1], parts[2], int(parts[3])  # type: ignore[return-value]
 
 
+def family_of(tid: str) -> str:
+    """A task's family, '<suite>:<subset>': 'textworld-express:coin:train:3' -> 'textworld-express:coin'."""
+    return tid.rsplit(":", 2)[0]
+
+
 class ToolCall(BaseModel):
     name: str
     args: dict[str, Any] = Field(default_factory=dict)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from ratchet.diagnosis.attribution import normalize_action, state_key
 from ratchet.hashing import content_hash
 from ratchet.skills.rules import WILDCARD, matches
-from ratchet.types import Diagnosis, RuleSpec, Trajectory, parse_task_id
+from ratchet.types import Diagnosis, RuleSpec, Trajectory, family_of, parse_task_id
 
 TAKEN_SHARE = 0.25  # a prefer pattern the failures took in more than this share as many tasks is dropped
 NOOP_SHARE = 0.5  # ... and one that left the state as it was in more than this share of its successful uses
@@ -66,11 +66,6 @@ class MinedRule:
     @property
     def name(self) -> str:
         return self.spec.name
-
-
-def family_of(task_id: str) -> str:
-    """'textworld-express:coin:train:3' -> 'textworld-express:coin'."""
-    return task_id.rsplit(":", 2)[0]
 
 
 def is_train(task_id: str) -> bool:

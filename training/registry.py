@@ -53,6 +53,12 @@ def adapter_sha256(adapter_dir: Path) -> str:
     return h.hexdigest()
 
 
+def may_have_adapters(settings: Settings) -> bool:
+    """Whether an adapter can have been registered in this data dir (its MLflow store exists):
+    readers that must not create state ask this before opening the registry."""
+    return (settings.data_dir / "mlflow.db").is_file()
+
+
 def registered_name(evolution: str) -> str:
     return f"ratchet-{evolution}-adapter"
 
@@ -251,13 +257,10 @@ class AdapterRegistry:
         }.items():
             self.client.set_model_version_tag(self.name, record.name, key, value)
         champion = self._champion(self.lifecycle.records())
-        if champion is None:
-            try:
-                self.client.delete_registered_model_alias(self.name, CHAMPION)
-            except MlflowException:
-                pass  # there was none
-        else:
+        if champion is not None:
             self.client.set_registered_model_alias(self.name, CHAMPION, champion)
+        elif CHAMPION in self.client.get_registered_model(self.name).aliases:  # the base model is live
+            self.client.delete_registered_model_alias(self.name, CHAMPION)
 
     def _restore(self, v: AdapterVersion, path: Path) -> None:
         """Bring back a local copy from the MLflow artifact (the data dir was moved or pruned)."""
