@@ -5,8 +5,8 @@
 
 Environment actions are tools (the episode's `tools()` may change every step, e.g. the
 valid moves of a text game); active skills enter through the system prompt, active tools
-are bound beside the environment's, and the policy's action rules narrow the environment's
-enumerated actions before the model chooses (`skills/rules.py`; the rules that fired are
+are bound beside the environment's, and the policy's action rules narrow that menu (valid
+actions and tools) before the model chooses (`skills/rules.py`; the rules that fired are
 recorded on the step). The first two ask for the model's attention; the third does not.
 The episode and the step recorder live in the run's context, not in graph state: a node
 that raises loses its state update, but its step is still appended to `context.steps` in a
@@ -65,6 +65,7 @@ class RolloutContext:
     options: str = ""  # the latest StepResult.options, appended to whatever the model sees last
     tool_runner: ToolRunner | None = None
     skills: tuple[SkillText, ...] | None = None  # the policy's skills chosen for this task; None = all
+    exemplars: tuple[SkillText, ...] | None = None  # its exemplars chosen for this task; None = all
     steps: list[Step] = field(default_factory=list)
     outcome: StepResult | None = None
     pending: Step | None = None
@@ -80,15 +81,20 @@ class RolloutContext:
 
     @property
     def system_text(self) -> str:
-        return system_prompt(self.policy.skills if self.skills is None else self.skills)
+        return system_prompt(
+            self.policy.skills if self.skills is None else self.skills,
+            self.policy.exemplars if self.exemplars is None else self.exemplars,
+        )
 
     def tool_defs(self, step: Step | None = None) -> list[dict[str, Any]]:
-        """The environment's tools of this step, narrowed by the policy's rules (which fired
-        is recorded on `step`), then the policy's tools."""
-        env, fired = constrain_tools(self.episode.tools(), self.policy.rules, self.observation, self.tried)
+        """The environment's tools of this step, then the policy's, narrowed by the policy's
+        rules (which fired is recorded on `step`)."""
+        tools, fired = constrain_tools(
+            [*self.episode.tools(), *self.policy.tools], self.policy.rules, self.observation, self.tried
+        )
         if step is not None:
             step.rules = fired
-        return [t.to_openai() for t in (*env, *self.policy.tools)]
+        return [t.to_openai() for t in tools]
 
     def prompt_record(self, task: str, first_observation: str) -> PromptRecord:
         return PromptRecord(

@@ -1,4 +1,4 @@
-"""Prompt text for the actor. Skills enter the policy here and nowhere else."""
+"""Prompt text for the actor. Skills and exemplars enter the prompt here and nowhere else."""
 
 from __future__ import annotations
 
@@ -23,9 +23,20 @@ def render_skills(skills: Sequence[SkillText]) -> str:
     return "\n\n".join(parts)
 
 
-def system_prompt(skills: Sequence[SkillText]) -> str:
-    extra = render_skills(skills)
-    return f"{SYSTEM}\n\n{extra}" if extra else SYSTEM
+def render_exemplars(demos: Sequence[SkillText]) -> str:
+    """The exemplars hook: solved tasks, as the task and the actions that solved it, nearest
+    first (empty when none)."""
+    if not demos:
+        return ""
+    parts = ["Solved examples of similar tasks (the actions that solved them, in order):"]
+    for d in demos:
+        parts.append(f"Task: {d.description}\nActions: {'; '.join(d.body.splitlines())}")
+    return "\n\n".join(parts)
+
+
+def system_prompt(skills: Sequence[SkillText], exemplars: Sequence[SkillText] = ()) -> str:
+    extra = [x for x in (render_skills(skills), render_exemplars(exemplars)) if x]
+    return "\n\n".join([SYSTEM, *extra])
 
 
 def task_prompt(instruction: str, observation: str) -> str:

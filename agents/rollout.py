@@ -36,8 +36,9 @@ def run_rollout(
     settings: ActorSettings,
     tool_runner: ToolRunner | None = None,
     skills: tuple[SkillText, ...] | None = None,
+    exemplars: tuple[SkillText, ...] | None = None,
 ) -> Trajectory:
-    """Play `slot.task` once, showing `skills` (default: all of the policy's).
+    """Play `slot.task` once, showing `skills` and `exemplars` (default: all of the policy's).
 
     Transient model errors propagate (the caller retries the whole rollout); any other
     failure is kept in the trajectory as status 'error' with its steps."""
@@ -54,6 +55,7 @@ def run_rollout(
             options=first.options,
             tool_runner=tool_runner,
             skills=skills,
+            exemplars=exemplars,
         )
         state = initial_state(task.instruction, first.observation)
         prompt = ctx.prompt_record(state["task"], first.observation)

@@ -49,6 +49,7 @@ def target_settings(target: str, data: Path, args: argparse.Namespace) -> Settin
             "explore.rollouts_per_task": args.k,
             "concurrency": args.concurrency,
             "evolve.generations": args.generations,
+            "finetune.mode": args.finetune,
         }
     )
 
@@ -59,6 +60,7 @@ def report_rows(journal: Journal, settings: Settings | None = None) -> list[dict
     journal written before it kept them, played now from `settings`' suite and trajectory store)."""
     gates = {r.generation: r.summary.get("reason", "") for r in journal.records if r.stage == "finetune"}
     rows = journal.rows()
+    kinds = skill_kinds(settings) if settings is not None else {}
     missing = settings is not None and any(r.test_n and r.random_success is None for r in rows)
     levels = random_levels(settings, rows) if missing else {}
     return [
@@ -78,7 +80,7 @@ def report_rows(journal: Journal, settings: Settings | None = None) -> list[dict
             if r.vs_random_p is not None
             else levels.get(r.generation, {}).get("p"),
             "explore_success": r.explore_success,
-            "promoted": r.promoted,
+            "promoted": [f"{n} ({kinds[n]})" if n in kinds else n for n in r.promoted],
             "rejected": r.rejected,
             "adapter": r.adapter,
             "adapter_gate": gates.get(r.generation, ""),
@@ -87,6 +89,15 @@ def report_rows(journal: Journal, settings: Settings | None = None) -> list[dict
         }
         for r in rows
     ]
+
+
+def skill_kinds(settings: Settings) -> dict[str, str]:
+    """Each filed candidate's kind (procedure, guardrail, tool, rule), for the promoted column."""
+    from ratchet.skills.library import SkillLibrary
+
+    if not settings.skills_dir.exists():
+        return {}
+    return {s.name: s.kind for s in SkillLibrary(settings.skills_dir, settings.index_dir).list()}
 
 
 def random_levels(settings: Settings, rows: list[Any]) -> dict[int, dict[str, Any]]:
@@ -159,8 +170,9 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(**defaults: Any) -> None:
+    """The CLI; `defaults` override the parser's (bench/skill_gain.py is this with fine-tuning off)."""
+    p = argparse.ArgumentParser(description=defaults.pop("description", None))
     p.add_argument(
         "--targets", nargs="+", default=["textworld-express:coin", "reasoning-gym:propositional_logic"]
     )
@@ -172,9 +184,14 @@ def main() -> None:
     p.add_argument("--dev", type=int, default=32, help="dev tasks the gates may use")
     p.add_argument("--test", type=int, default=30)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument(
+        "--finetune", default="auto", help="finetune.mode: auto (LoRA here), off (skills, rules, tools only)"
+    )
+    p.add_argument("--name", default="evolve_gain", help="results file name under bench/results")
     p.add_argument("--data", type=Path, default=None, help="resume a previous run's data")
     p.add_argument("--report", action="store_true", help="only report --data's journals so far (no runs)")
     p.add_argument("--redraw", type=Path, default=None, help="only redraw table and plot from a results JSON")
+    p.set_defaults(**defaults)
     args = p.parse_args()
     if args.redraw is not None:
         doc = json.loads(args.redraw.read_text())
@@ -196,7 +213,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry attempts
     from ratchet.server.launcher import EmbeddedServer
 
-    data = args.data or Path(tempfile.mkdtemp(prefix="ratchet-evolve-gain-"))
+    data = args.data or Path(tempfile.mkdtemp(prefix=f"ratchet-{args.name.replace('_', '-')}-"))
     print(f"data: {data}", flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.perf_counter()
@@ -225,8 +242,8 @@ def write_results(
         "results": results,
         "wall_seconds": wall_seconds,
     }
-    (out / "evolve_gain.json").write_text(json.dumps(doc, indent=2, default=str))
-    plot(results, out / "evolve_gain.png")
+    (out / f"{args.name}.json").write_text(json.dumps(doc, indent=2, default=str))
+    plot(results, out / f"{args.name}.png")
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def failures(
 @skills_app.command("list")
 def skills_list(
     status: StatusOpt = None,
-    kind: Annotated[str | None, typer.Option(help="procedure, guardrail, tool or rule")] = None,
+    kind: Annotated[str | None, typer.Option(help="procedure, guardrail, tool, rule or exemplar")] = None,
     family: Annotated[str | None, typer.Option(help="suite:subset")] = None,
 ) -> None:
     """List skills with their status and provenance; refused files are named below the table."""
@@ -104,6 +104,9 @@ def skills_show(name: str) -> None:
         if skill.rule is not None:
             console.print("[bold]scripts/rule.json[/] (applied to the menu of valid actions)")
             console.print(escape(skill.rule.model_dump_json(indent=2)), highlight=False)
+        for i, d in enumerate(skill.exemplars or (), 1):
+            console.print(f"[bold]solved task {i}[/] ({d.trajectory}): {escape(d.task)}", soft_wrap=True)
+            console.print(f"  {escape(' → '.join(d.actions))}", highlight=False, soft_wrap=True)
         console.print(f"[bold]provenance[/]: {', '.join(skill.provenance)}", soft_wrap=True)
         for r in library.history(name):
             console.print(

@@ -9,7 +9,9 @@ Per task family (suite:subset) of the train split:
   teacher-written function, by the `toolsmith`, tested in the sandbox;
 * rules — action rules mined from the diagnoses' attributions and stagnation clusters
   (`skills/rule_mining.py`, no model call): data the actor applies to the menu of valid
-  actions, so they act even on a policy that ignores its prompt.
+  actions, so they act even on a policy that ignores its prompt;
+* exemplars — one set of the family's own solved train tasks, of every generation so far
+  (`skills/exemplars.py`, no model call), shown nearest-first as demonstrations.
 
 Every candidate passes the injection screen built from the family's trajectories and keeps
 the ids of the trajectories it came from. Candidates are filed in the skill library, where
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import mlflow
 from prefect import flow, task
@@ -34,7 +36,8 @@ from ratchet.flows import tracking
 from ratchet.flows.progress import report
 from ratchet.flows.rollouts import MODEL_CALL
 from ratchet.flows.runtime import LoopRuntime, open_runtime
-from ratchet.skills.format import Skill, render
+from ratchet.skills.exemplars import exemplar_skill, pick_demos
+from ratchet.skills.format import Skill, SkillKind, render
 from ratchet.skills.library import AddResult
 from ratchet.skills.mining import mine_patterns
 from ratchet.skills.rule_mining import MinedRule, mine_rules
@@ -56,9 +59,7 @@ class DistillResult:
     def counts(self) -> dict[str, int]:
         added = Counter(c.skill.kind for c in self.candidates if c.result.action == "added")
         return {
-            **{
-                f"distill_{k}_candidates": added.get(k, 0) for k in ("procedure", "guardrail", "tool", "rule")
-            },
+            **{f"distill_{k}_candidates": added.get(k, 0) for k in get_args(SkillKind)},
             "distill_merged": sum(c.result.action == "merged" for c in self.candidates),
             "distill_dropped": len(self.dropped),
         }
@@ -112,6 +113,7 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
             jobs.append((f"macro {family}", toolsmith, {"job": job, "screen": screen}))
         if teacher is not None and (fjob := function_job(family, wins)) is not None:
             jobs.append((f"function {family}", toolsmith, {"job": fjob, "screen": screen}))
+    rules += _exemplar_candidates(rt, generation, sorted(families), out)
     for skill in rules:  # mined, nothing to wait for
         out.candidates.append(Candidate(skill, rt.library.add(skill)))
     report("distill", 0, len(jobs))
@@ -185,6 +187,33 @@ def rule_skill(mined: MinedRule, family: str, evolution: str, generation: int) -
         provenance=list(mined.trajectory_ids),
         rule=spec,
     )
+
+
+def _exemplar_candidates(
+    rt: LoopRuntime, generation: int, families: list[str], out: DistillResult
+) -> list[Skill]:
+    """One exemplar set per family: its own solved train tasks of every generation so far, if
+    they span `distill.min_tasks` tasks (a set equal to one already filed merges into it)."""
+    s = rt.settings
+    if s.distill.exemplars <= 0:
+        return []
+    wins = [
+        t
+        for t in rt.store.query(evolution=s.evolution, split="train", success=True, status="finished")
+        if t.generation <= generation
+    ]
+    found = []
+    screen = Screen.from_trajectories(wins)
+    for family in families:
+        demos = []  # a solved task whose text carries an injected instruction is not shown
+        for demo in pick_demos(family, wins, len(wins)):
+            if problems := screen.problems(f"{demo.task}\n{'; '.join(demo.actions)}", copies=False):
+                out.dropped.append({"job": f"exemplar {demo.trajectory}", "problems": problems})
+            elif len(demos) < s.distill.exemplars:
+                demos.append(demo)
+        if len(demos) >= s.distill.min_tasks:  # one per task
+            found.append(exemplar_skill(family, demos, s.evolution, generation))
+    return found
 
 
 def function_job(family: str, wins: list[Trajectory]) -> FunctionJob | None:

@@ -14,7 +14,9 @@ the previous adapter): reproducible from its dataset alone, and no drift compoun
 generations. The stage is skipped when fewer than `finetune.min_new_successes` kept successes are new
 since the last trained adapter. With a remote policy endpoint (`finetune.mode = "auto"`)
 there are no local weights to train: the stage writes the dataset as an OpenAI fine-tuning
-JSONL file, says where, and the loop goes on.
+JSONL file, says where, and the loop goes on. `finetune.mode = "off"` skips the stage and
+leaves the live adapter, if any, live: the loop then improves only through skills, rules
+and tools.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class FinetuneResult:
     train_seconds: float = 0.0
 
 
-def finetune_mode(s: Settings) -> Literal["lora", "export"]:
+def finetune_mode(s: Settings) -> Literal["lora", "export", "off"]:
     """auto: train on the embedded model (its weights are here); export for a remote endpoint."""
     if s.finetune.mode != "auto":
         return s.finetune.mode
@@ -82,6 +84,8 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
     s = rt.settings
     data = training_dataset(rt)
     counts = dict(data.counts)
+    if finetune_mode(s) == "off":  # the live adapter, if any, stays live
+        return FinetuneResult("skipped", "finetune.mode = 'off'", data.version, counts)
     if mlflow.active_run() is not None:
         mlflow.log_metrics({f"finetune_data_{k}": float(v) for k, v in counts.items()})
     if finetune_mode(s) == "export":

@@ -52,11 +52,16 @@ def rollout_task(ref: RuntimeRef, slot: RolloutSlot, policy: Policy, settings: A
     Takes a picklable `RuntimeRef`, not the runtime: with a Dask or Ray task runner it runs in
     another process."""
     rt = ref.resolve()
-    skills = None
-    if policy.skills and rt.retriever is not None:  # the top-k promoted skills for this task
-        k, budget = rt.settings.skills.k, rt.settings.skills.token_budget
-        skills = tuple(rt.retriever.select(slot.task.instruction, policy.skills, k, budget))
-    traj = run_rollout(rt.actor, rt.suite, slot, policy, settings, tool_runner=rt.toolbox, skills=skills)
+    skills = exemplars = None
+    if rt.retriever is not None:  # the top-k promoted skills and the nearest solved tasks
+        s, query = rt.settings.skills, slot.task.instruction
+        if policy.skills:
+            skills = tuple(rt.retriever.select(query, policy.skills, s.k, s.token_budget))
+        if policy.exemplars:
+            exemplars = tuple(rt.retriever.select(query, policy.exemplars, s.exemplars, s.exemplar_budget))
+    traj = run_rollout(
+        rt.actor, rt.suite, slot, policy, settings, tool_runner=rt.toolbox, skills=skills, exemplars=exemplars
+    )
     rt.store.put(traj)
     faults.point("rollout.stored")
     return traj.id
@@ -132,8 +137,8 @@ def play(
     policies = {p.version: p for _, p in items}
     if rt.retriever is not None:
         for p in policies.values():
-            if p.skills:
-                rt.retriever.sync(p.skills)
+            if p.skills or p.exemplars:
+                rt.retriever.sync((*p.skills, *p.exemplars))
     done: set[str] = set()
     for version in policies:
         done |= rt.store.finished_ids(

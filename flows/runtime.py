@@ -144,11 +144,17 @@ def champion_policy(settings: Settings, library: SkillLibrary) -> Policy:
 
 def policy_with(base: Policy, skills: list[Skill]) -> Policy:
     """`base` plus these skills: procedures and guardrails as prompt skills, tools as tools,
-    rules as rules on the action menu."""
+    rules as rules on the action menu, exemplar sets as solved tasks to show."""
     texts = tuple(s.text() for s in skills if s.kind in ("procedure", "guardrail"))
     tools = tuple(s.tool_spec() for s in skills if s.kind == "tool")
     rules = tuple(s.rule_spec() for s in skills if s.kind == "rule")
-    update = {"skills": base.skills + texts, "tools": base.tools + tools, "rules": base.rules + rules}
+    demos = tuple(d for s in skills if s.kind == "exemplar" for d in s.demo_texts())
+    update = {
+        "skills": base.skills + texts,
+        "tools": base.tools + tools,
+        "rules": base.rules + rules,
+        "exemplars": base.exemplars + demos,
+    }
     return base.model_copy(update=update)
 
 

@@ -111,6 +111,9 @@ class DistillSettings(Section):
         ge=0,
         description="action rule candidates per family (mined, no teacher: skills/rule_mining.py)",
     )
+    exemplars: int = Field(
+        default=8, ge=0, description="solved train tasks an exemplar candidate holds per family; 0 = none"
+    )
     merge_similarity: float = Field(
         default=0.92, gt=0, le=1, description="near-duplicates of an existing skill are merged into it"
     )
@@ -218,10 +221,11 @@ class LoraSettings(Section):
 class FinetuneSettings(Section):
     """The fine-tune stage: which successes become data, and whether to train or export."""
 
-    mode: Literal["auto", "lora", "export"] = Field(
+    mode: Literal["auto", "lora", "export", "off"] = Field(
         default="auto",
         description="lora: train an adapter here; export: write the dataset (OpenAI fine-tuning JSONL) "
-        "for a remote model; auto: lora on the embedded model, export for a remote endpoint",
+        "for a remote model; auto: lora on the embedded model, export for a remote endpoint; off: skip "
+        "the stage (skills, rules and tools only)",
     )
     experts: bool = Field(
         default=False, description="also learn from expert trajectories (reported; the headline is without)"
@@ -240,6 +244,8 @@ class FinetuneSettings(Section):
 class SkillSettings(Section):
     k: int = Field(default=3, ge=0, description="promoted skills shown per task (most relevant first)")
     token_budget: int = Field(default=400, ge=0, description="prompt tokens the shown skills may take")
+    exemplars: int = Field(default=2, ge=0, description="solved tasks an exemplar set shows per task")
+    exemplar_budget: int = Field(default=300, ge=0, description="prompt tokens shown solved tasks may take")
 
 
 class SplitSizes(Section):

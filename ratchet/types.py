@@ -186,7 +186,7 @@ class RuleSpec(BaseModel):
 
 
 class Policy(BaseModel):
-    """What acts: model endpoint + LoRA adapter + active skills + active tools + action rules."""
+    """What acts: model endpoint + LoRA adapter + active skills, tools, action rules and exemplars."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -196,6 +196,9 @@ class Policy(BaseModel):
     skills: tuple[SkillText, ...] = ()
     tools: tuple[ToolSpec, ...] = ()
     rules: tuple[RuleSpec, ...] = ()
+    exemplars: tuple[SkillText, ...] = Field(
+        default=(), description="solved train tasks a task's prompt may show (the nearest few)"
+    )
 
     @property
     def served_model(self) -> str:
@@ -212,8 +215,9 @@ class Policy(BaseModel):
                 "skills": sorted(s.content_hash for s in self.skills),
                 "tools": sorted(content_hash(t.model_dump()) for t in self.tools),
             }
-            # only when there are rules, so every policy without them keeps its version
-            | ({"rules": sorted(content_hash(r.model_dump()) for r in self.rules)} if self.rules else {}),
+            # only when there are rules or exemplars, so every policy without them keeps its version
+            | ({"rules": sorted(content_hash(r.model_dump()) for r in self.rules)} if self.rules else {})
+            | ({"exemplars": sorted(e.content_hash for e in self.exemplars)} if self.exemplars else {}),
             length=12,
         )
 

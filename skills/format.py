@@ -3,6 +3,8 @@
     <library>/<name>/SKILL.md          front matter (name, description, metadata) + body
     <library>/<name>/scripts/tool.py   tools only: the code, run in the sandbox
     <library>/<name>/scripts/tool.json tools only: {"entry", "kind", "parameters"}
+    <library>/<name>/scripts/rule.json rules only: the RuleSpec ratchet applies to the menu
+    <library>/<name>/scripts/exemplars.json exemplars only: the solved train tasks it may show
 
 agentskills.io front matter has `name` (lowercase letters, digits, hyphens; at most 64
 characters), `description` (at most 1024) and a `metadata` map of strings; ratchet keeps
@@ -28,7 +30,7 @@ from ratchet.hashing import content_hash
 from ratchet.lifecycle import Status
 from ratchet.types import RuleSpec, SkillText, ToolSpec
 
-SkillKind = Literal["procedure", "guardrail", "tool", "rule"]
+SkillKind = Literal["procedure", "guardrail", "tool", "rule", "exemplar"]
 SkillStatus = Status  # the one candidate lifecycle (`ratchet.lifecycle`)
 ToolKind = Literal["macro", "function"]
 
@@ -52,8 +54,19 @@ class ToolSource(BaseModel):
     code: str
 
 
+class Demo(BaseModel):
+    """One solved train task as an exemplar shows it: the task, then the actions that solved it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: str = Field(min_length=1, max_length=2000, description="the task's instruction")
+    actions: tuple[str, ...] = Field(min_length=1, description="its actions, in normal form")
+    trajectory: str = Field(description="id of the successful train trajectory it comes from")
+
+
 class Skill(BaseModel):
-    """One skill (procedure, guardrail, tool or rule) with its provenance and lifecycle status."""
+    """One skill (procedure, guardrail, tool, rule or exemplar set) with its provenance and
+    lifecycle status."""
 
     name: str
     description: str
@@ -67,6 +80,7 @@ class Skill(BaseModel):
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     tool: ToolSource | None = None
     rule: RuleSpec | None = None  # kind "rule": data the actor applies to the menu (`skills/rules.py`)
+    exemplars: tuple[Demo, ...] | None = None  # kind "exemplar": solved tasks a prompt may show
 
     @field_validator("name")
     @classmethod
@@ -91,17 +105,27 @@ class Skill(BaseModel):
 
     @property
     def content_hash(self) -> str:
-        return skill_hash(self.name, self.description, self.body, self.tool, self.rule)
+        return skill_hash(self.name, self.description, self.body, self.tool, self.rule, self.exemplars)
 
     def text(self) -> SkillText:
         """What the actor's prompt shows (procedures and guardrails)."""
         return SkillText(name=self.name, description=self.description, body=self.body)
 
     @model_validator(mode="after")
-    def _rule_only_for_rules(self) -> Skill:
+    def _data_matches_kind(self) -> Skill:
         if (self.kind == "rule") != (self.rule is not None):
             raise ValueError("a skill of kind 'rule' carries a rule, and only such a skill does")
+        if (self.kind == "exemplar") != bool(self.exemplars):
+            raise ValueError("a skill of kind 'exemplar' carries solved tasks, and only such a skill does")
         return self
+
+    def demo_texts(self) -> tuple[SkillText, ...]:
+        """The exemplar's solved tasks as the policy carries them (one per task, retrieved by
+        similarity to the task at hand; `agents/prompts.py` renders them)."""
+        return tuple(
+            SkillText(name=f"{self.name}-{i}", description=d.task, body="\n".join(d.actions))
+            for i, d in enumerate(self.exemplars or (), 1)
+        )
 
     def rule_spec(self) -> RuleSpec:
         """The rule as the actor applies it, named as filed (its firings name the skill)."""
@@ -116,11 +140,18 @@ class Skill(BaseModel):
 
 
 def skill_hash(
-    name: str, description: str, body: str, tool: ToolSource | None, rule: RuleSpec | None = None
+    name: str,
+    description: str,
+    body: str,
+    tool: ToolSource | None,
+    rule: RuleSpec | None = None,
+    exemplars: tuple[Demo, ...] | None = None,
 ) -> str:
     parts: list[Any] = [name, description, body.strip(), tool.model_dump() if tool else None]
     if rule is not None:  # appended only for rules, so every other skill keeps the hash it was filed with
         parts.append(rule.model_dump(mode="json"))
+    if exemplars is not None:  # likewise only for exemplars
+        parts.append([d.model_dump(mode="json") for d in exemplars])
     return content_hash(parts, length=16)
 
 
@@ -153,11 +184,15 @@ def write_files(skill: Skill, directory: Path) -> None:
         (scripts / "tool.py").write_text(skill.tool.code, encoding="utf-8")
         spec = {"kind": skill.tool.kind, "entry": skill.tool.entry, "parameters": skill.tool.parameters}
         (scripts / "tool.json").write_text(json.dumps(spec, indent=2, sort_keys=True), encoding="utf-8")
+    data: dict[str, Any] = {}
     if skill.rule is not None:
+        data["rule.json"] = skill.rule.model_dump(mode="json")
+    if skill.exemplars is not None:
+        data["exemplars.json"] = [d.model_dump(mode="json") for d in skill.exemplars]
+    for file, content in data.items():
         scripts = directory / "scripts"
         scripts.mkdir(exist_ok=True)
-        spec = skill.rule.model_dump(mode="json")
-        (scripts / "rule.json").write_text(json.dumps(spec, indent=2, sort_keys=True), encoding="utf-8")
+        (scripts / file).write_text(json.dumps(content, indent=2, sort_keys=True), encoding="utf-8")
     (directory / FILE).write_text(render(skill), encoding="utf-8")
 
 
@@ -205,6 +240,7 @@ def load(directory: Path) -> Skill:
             created_at=meta.get("ratchet-created-at") or datetime.now(UTC),
             tool=_load_tool(directory) if meta["ratchet-kind"] == "tool" else None,
             rule=_load_rule(directory) if meta["ratchet-kind"] == "rule" else None,
+            exemplars=_load_exemplars(directory) if meta["ratchet-kind"] == "exemplar" else None,
         )
     except (ValidationError, ValueError) as exc:
         first = str(exc).splitlines()
@@ -225,11 +261,21 @@ def load(directory: Path) -> Skill:
 
 
 def _load_rule(directory: Path) -> RuleSpec:
+    return RuleSpec.model_validate(_load_json(directory / "scripts" / "rule.json", "rule"))
+
+
+def _load_exemplars(directory: Path) -> tuple[Demo, ...]:
+    data = _load_json(directory / "scripts" / "exemplars.json", "exemplars")
+    if not isinstance(data, list):
+        raise ValueError("exemplars file is not a list")
+    return tuple(Demo.model_validate(d) for d in data)
+
+
+def _load_json(path: Path, what: str) -> Any:
     try:
-        spec = json.loads((directory / "scripts" / "rule.json").read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"rule file unreadable: {exc}") from None
-    return RuleSpec.model_validate(spec)
+        raise ValueError(f"{what} file unreadable: {exc}") from None
 
 
 def _load_tool(directory: Path) -> ToolSource:

@@ -213,7 +213,7 @@ class SkillLibrary:
         for hit in self.index.query(_document(skill), 3, where=where):
             if 1.0 - hit.distance >= self.merge_similarity and (self.root / hit.id / FILE).exists():
                 existing = self.get(hit.id)
-                if (existing.tool == skill.tool or skill.tool is None) and _same_rule(existing, skill):
+                if (existing.tool == skill.tool or skill.tool is None) and _acts_alike(existing, skill):
                     return existing
         return None
 
@@ -273,8 +273,11 @@ def _metadata(skill: Skill) -> dict[str, Any]:
     return {"kind": skill.kind, "status": skill.status, "family": skill.family, "hash": skill.content_hash}
 
 
-def _same_rule(a: Skill, b: Skill) -> bool:
-    """Two rules are one only if they act alike (their names may differ); other kinds have none."""
+def _acts_alike(a: Skill, b: Skill) -> bool:
+    """Two rules are one only if they act alike (their names may differ), two exemplar sets
+    only if they show the same solved tasks; other kinds carry neither."""
+    if a.exemplars != b.exemplars:
+        return False
     if a.rule is None or b.rule is None:
         return a.rule is b.rule
     return a.rule.model_dump(exclude={"name"}) == b.rule.model_dump(exclude={"name"})

@@ -24,10 +24,20 @@ Evidence is counted in distinct *tasks*: many rollouts of one task are one piece
   options text) of every state it should have acted at, less the words found in every state
   of the family (they narrow nothing); empty when a state's raw observation cannot be told
   from its options.
+* **prefer a tool** — where the failures' action at the divergence was a call of another
+  tool than the successful runs' alternative (answering where successes calculated first),
+  in at least `min_tasks` tasks: prefer every call of that tool (`calculator: *`, the menu
+  entry of a tool without enumerated actions, `skills/rules.py`), when the observation has
+  the words (at least 4 letters, at most `WHEN_MAX`) that every supporting state has and not
+  every state of the family has: the rule picks the tool at such a state and lets go after.
+  Only for a tool no kept pattern already covers; dropped like a pattern when failures took
+  the tool there too often.
 * **avoid** — an action failures took at the divergence in at least `min_tasks` tasks whose
   successful runs are among the trajectories given, when no successful trajectory of the
   family took it, nor any action of its shape, anywhere (stricter than "from a matching
   state": `move south` where successes moved north is a task's particular, not a rule).
+  When no successful run called the tool at all, the rule avoids the whole tool
+  (`calculator: *`) instead of the calls seen.
 * **no-repeat** — failures filed as `stagnation` in at least `min_tasks` tasks.
 
 Each rule is only a candidate: verify A/B-gates it on the family's dev tasks, so the miner
@@ -43,14 +53,15 @@ from dataclasses import dataclass, replace
 
 from ratchet.diagnosis.attribution import normalize_action, state_key
 from ratchet.hashing import content_hash
-from ratchet.skills.rules import WILDCARD, matches
+from ratchet.skills.rules import WILDCARD, matches, tool_entry
 from ratchet.types import Diagnosis, RuleSpec, Trajectory, family_of, parse_task_id
 
 TAKEN_SHARE = 0.25  # a prefer pattern the failures took in more than this share as many tasks is dropped
 NOOP_SHARE = 0.5  # ... and one that left the state as it was in more than this share of its successful uses
+WHEN_MAX = 4  # words a tool-choice rule's `when` keeps (the first seen)
 NAME_MAX = 64
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-_KIND_ORDER = {"prefer": 0, "avoid": 1, "no-repeat": 2}
+_KIND_ORDER = {"prefer": 0, "prefer-tool": 0, "avoid": 1, "no-repeat": 2}
 
 
 @dataclass(frozen=True)
@@ -58,7 +69,7 @@ class MinedRule:
     """A candidate rule with its evidence: `support` distinct train tasks, the trajectories it came from."""
 
     spec: RuleSpec
-    kind: str  # "prefer", "avoid" or "no-repeat"
+    kind: str  # "prefer", "prefer-tool", "avoid" or "no-repeat"
     description: str
     support: int  # distinct train tasks of evidence (the ranking key)
     trajectory_ids: tuple[str, ...]  # failures first, then successes, each sorted
@@ -100,6 +111,8 @@ def rule_name(family: str, kind: str, pattern: str = "") -> str:
     subset = family.split(":", 1)[-1]
     tool, sep, rest = pattern.partition(": ")
     words = rest.split() if sep else tool.split()
+    if words and all(w == WILDCARD for w in words):  # every call of a tool: named by the tool
+        words = tool.split()
     words = ["any" if w == WILDCARD else w for w in words]
     name = _slug("-".join([subset, kind, *words])) or "rule"
     if len(name) > NAME_MAX:
@@ -241,7 +254,69 @@ def _prefer_rules(
         )
         spec = RuleSpec(name=rule_name(family, "prefer", pattern), prefer=(pattern,), when=when)
         out.append(MinedRule(spec, "prefer", description, len(tasks), tuple(failed + wins)))
+    return out + _prefer_tool_rules(family, by_alt, taken, covered, by_id, successes, background, min_tasks)
+
+
+def _tool(action: str) -> str:
+    return action.partition(": ")[0]
+
+
+def _prefer_tool_rules(
+    family: str,
+    by_alt: dict[str, list[Diagnosis]],
+    taken: dict[str, set[str]],
+    covered: set[str],
+    by_id: dict[str, Trajectory],
+    successes: list[Trajectory],
+    background: list[str],
+    min_tasks: int,
+) -> list[MinedRule]:
+    """Prefer a tool where failures called another one and successful runs called it."""
+    by_tool: dict[str, list[Diagnosis]] = defaultdict(list)
+    for alt, ds in by_alt.items():
+        if alt in covered:
+            continue
+        by_tool[_tool(alt)] += [d for d in ds if _tool(d.attribution.taken) != _tool(alt)]  # type: ignore[union-attr]
+    out: list[MinedRule] = []
+    for tool, support in sorted(by_tool.items()):
+        tasks = {d.task_id for d in support}
+        if len(tasks) < min_tasks:
+            continue
+        has_args = any(": " in a for a in by_alt if _tool(a) == tool)
+        pattern = tool_entry(tool, has_args)
+        also_taken = {task for action, ts in taken.items() if _tool(action) == tool for task in ts}
+        if len(also_taken) > TAKEN_SHARE * len(tasks):
+            continue
+        when = _state_words([_state(by_id.get(d.trajectory_id), d) for d in support], background)
+        if not when:  # forced at every state, the tool would be all the policy ever calls
+            continue
+        failed = sorted({d.trajectory_id for d in support})
+        wins = sorted(
+            t.id for t in successes if t.task_id in tasks and any(_tool(a) == tool for a in _acted(t))
+        )
+        instead = Counter(_tool(d.attribution.taken) for d in support).most_common(1)[0][0]  # type: ignore[union-attr]
+        description = (
+            f"Prefer the tool `{tool}`: when the observation mentions "
+            f"{' and '.join(repr(w) for w in when)}, call `{tool}` rather than another tool. Evidence "
+            f"from {family} train runs: in {len(tasks)} tasks, {len(failed)} failed runs called "
+            f"`{instead}` where successful runs called `{tool}`; failures called it there in "
+            f"{len(also_taken)} tasks."
+        )
+        spec = RuleSpec(name=rule_name(family, "prefer", pattern), prefer=(pattern,), when=when)
+        out.append(MinedRule(spec, "prefer-tool", description, len(tasks), tuple(failed + wins)))
     return out
+
+
+def _state_words(states: list[str | None], background: list[str]) -> tuple[str, ...]:
+    """Words (4+ letters) in every state, less those in every state of the family, at most
+    WHEN_MAX, in the first state's order; () if any state is unknown."""
+    if not states or any(s is None for s in states):
+        return ()
+    everywhere = set.intersection(*(_words(b) for b in background)) if background else set()
+    common = set.intersection(*(_words(s) for s in states if s is not None)) - everywhere
+    first = re.findall(r"[a-z0-9]+", str(states[0]).lower())
+    words = [w for w in dict.fromkeys(first) if w in common and w.isalpha() and len(w) >= 4]
+    return tuple(words[:WHEN_MAX])
 
 
 def _mostly_noop(pattern: str, successes: list[Trajectory]) -> bool:
@@ -292,6 +367,7 @@ def _avoid_rules(
     family: str, successes: list[Trajectory], diags: list[Diagnosis], min_tasks: int
 ) -> list[MinedRule]:
     done_by_wins = {_shape(a) for t in successes for a in _acted(t)}
+    tools_of_wins = {_tool(a) for t in successes for a in _acted(t)}
     known = {t.task_id for t in successes}  # tasks whose successful runs are here to compare against
     by_taken: dict[str, list[Diagnosis]] = defaultdict(list)
     for d in diags:
@@ -301,14 +377,18 @@ def _avoid_rules(
             and _shape(d.attribution.taken) not in done_by_wins
         ):
             by_taken[d.attribution.taken].append(d)
+    by_tool: dict[str, list[Diagnosis]] = defaultdict(list)  # tools no successful run ever called
+    for action in [a for a in by_taken if _tool(a) not in tools_of_wins]:
+        by_tool[tool_entry(_tool(action), ": " in action)] += by_taken.pop(action)
     out = []
-    for action, ds in sorted(by_taken.items()):
+    for action, ds in sorted(by_taken.items()) + sorted(by_tool.items()):
         tasks = {d.task_id for d in ds}
         if len(tasks) < min_tasks:
             continue
         failed = sorted({d.trajectory_id for d in ds})
+        what = f"the tool `{_tool(action)}`" if action in by_tool else f"`{action}`"
         description = (
-            f"Avoid `{action}`: take it off the valid actions. Evidence from {family} train runs: "
+            f"Avoid {what}: take it off the valid actions. Evidence from {family} train runs: "
             f"in {len(tasks)} tasks, {len(failed)} failed runs left every successful path by taking "
             f"it, and none of {len(successes)} successful runs ever took it or an action like it."
         )

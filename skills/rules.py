@@ -17,8 +17,15 @@ actions valid now) through the policy's rules, in name order:
 
 A rule that would empty the menu does not act (the model always has a legal move). Each
 rule that changed the menu is recorded on the step (`Step.rules`) and shown by the
-trajectory viewer. Where a suite exposes no enumerated actions (reasoning-gym), rules have
-nothing to act on.
+trajectory viewer.
+
+The menu holds every tool of the step, the environment's and the policy's: one entry per
+valid value of a tool with an enumerated parameter (`act: take coin`), and one entry for
+each other tool, `calculator: *` (any call of it; `look` for a tool without parameters).
+So where a suite exposes no enumerated actions (reasoning-gym), rules act on tool choice:
+`prefer: ["calculator: *"]` with `when` words of the question makes the first move a
+calculation; `avoid: ["calculator: *"]` takes the tool away. A tool whose entries all leave
+the menu is not offered at all.
 
 Patterns are actions in the attribution's normal form (`act: take coin`, lowercased, single
 spaces); `*` stands for one or more words (`act: open door to *`).
@@ -96,26 +103,43 @@ def apply_rules(
 def constrain_tools(
     tools: Sequence[ToolSpec], rules: Sequence[RuleSpec], observation: str, tried: Sequence[Tried] = ()
 ) -> tuple[list[ToolSpec], list[str]]:
-    """`tools` with each enumerated action parameter narrowed by the rules; the rules that fired."""
+    """`tools` after the rules: enumerated parameters narrowed, tools left without an entry
+    dropped, every other tool as it was; and the names of the rules that fired."""
     if not rules:
         return list(tools), []
+    entries = [_entries(tool) for tool in tools]
+    kept, fired = apply_rules(rules, observation, list(dict.fromkeys(e for es in entries for e in es)), tried)
+    if not fired:
+        return list(tools), []
+    keep = set(kept)
     out: list[ToolSpec] = []
-    fired: list[str] = []
-    for tool in tools:
+    for tool, es in zip(tools, entries, strict=True):
         key, values = _enum(tool)
         if key is None:
-            out.append(tool)
+            if es[0] in keep:
+                out.append(tool)
             continue
-        by_action = {f"{normal(tool.name)}: {normal(v)}": v for v in values}
-        kept, names = apply_rules(rules, observation, list(by_action), tried)
-        fired += [n for n in names if n not in fired]
-        if len(kept) == len(by_action):
+        narrowed = [v for v, e in zip(values, es, strict=True) if e in keep]
+        if len(narrowed) == len(values):
             out.append(tool)
-            continue
-        props = dict(tool.parameters.get("properties", {}))
-        props[key] = props[key] | {"enum": [by_action[a] for a in kept]}
-        out.append(tool.model_copy(update={"parameters": tool.parameters | {"properties": props}}))
+        elif narrowed:
+            props = dict(tool.parameters.get("properties", {}))
+            props[key] = props[key] | {"enum": narrowed}
+            out.append(tool.model_copy(update={"parameters": tool.parameters | {"properties": props}}))
     return out, fired
+
+
+def tool_entry(tool: str, has_args: bool = True) -> str:
+    """The menu entry that stands for every call of a tool without enumerated actions."""
+    return f"{normal(tool)}: {WILDCARD}" if has_args else normal(tool)
+
+
+def _entries(tool: ToolSpec) -> list[str]:
+    """The tool's menu entries: one per valid value of its enum, else one for the whole tool."""
+    key, values = _enum(tool)
+    if key is None:
+        return [tool_entry(tool.name, bool(tool.parameters.get("properties")))]
+    return [f"{normal(tool.name)}: {normal(v)}" for v in values]
 
 
 def _enum(tool: ToolSpec) -> tuple[str | None, list[Any]]:

@@ -363,8 +363,9 @@ class Screen:
             screen._tainted_grams |= {g for g in _ngrams(words, 3) if not set(g) <= clean | allowed}
         return screen
 
-    def problems(self, text: str) -> list[str]:
-        """Why `text` may not enter a candidate (empty list: it may)."""
+    def problems(self, text: str, copies: bool = True) -> list[str]:
+        """Why `text` may not enter a candidate (empty list: it may). `copies=False` allows
+        verbatim runs (an exemplar quotes its task on purpose); everything else still counts."""
         out = []
         folded = fold(_with_decoded(_clean(text)))
         words = _tokens(folded)
@@ -376,7 +377,7 @@ class Screen:
         if hit := self._canaries & _forms(words):
             shown = sorted(h for h in hit if not any(o != h and o in h for o in hit))
             out.append(f"uses words found only near an injected instruction: {', '.join(shown)}")
-        if self._copy_grams & _ngrams(words, COPY_WORDS):
+        if copies and self._copy_grams & _ngrams(words, COPY_WORDS):
             out.append(f"copies {COPY_WORDS}+ words verbatim from an observation")
         return out
 

@@ -283,7 +283,7 @@ def test_injected_instruction_never_reaches_a_candidate_end_to_end(tmp_path: Pat
     assert len(teacher.calls) == 3 and all(d.cause == "" for d in rt.store.diagnoses("e", 0))
     result = _in_flow(distill_stage, rt, 0)
     kinds = sorted(c.skill.kind for c in result.candidates)
-    assert kinds == ["guardrail", "procedure", "rule", "rule", "tool"]
+    assert kinds == ["exemplar", "guardrail", "procedure", "rule", "rule", "tool"]
     rules = {c.skill.rule.name: c.skill.rule for c in result.candidates if c.skill.kind == "rule"}
     assert any(r.no_repeat for r in rules.values())  # the three loops became a no-repeat rule
     assert result.counts()["distill_rule_candidates"] == 2

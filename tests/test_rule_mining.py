@@ -352,3 +352,86 @@ def test_random_and_gold_play_on_coin_yield_a_take_coin_rule() -> None:
     assert any(r.spec.prefer == ("act: take coin",) and r.support >= 3 for r in prefer), rules
     for r in prefer:  # never a rule that would loop on an action always on the menu
         assert not any(matches(p, a) for p in r.spec.prefer for a in ("act: look around", "act: inventory"))
+
+
+# ------------------------------------------------------------------ tool choice (nothing enumerated)
+
+LOGIC = "reasoning-gym:propositional_logic"
+
+
+def logic_task(n: int, first_fail: str = "answer") -> tuple[list[Trajectory], list[Diagnosis]]:
+    """A question a success answers after a calculation, and a failure answers (or calls
+    `first_fail`) straight away; both see the question first, then the tool's result."""
+    question = f"Given the premises P{n} and Q{n}, what can be concluded? Question {n}."
+    tid = task(n, family=LOGIC)
+    win = traj(
+        [f"{n} + {n}", f"x{n}"],
+        success=True,
+        task=tid,
+        tool="calculator",
+        arg="expression",
+        observations=[question, f"{n} + {n} = {2 * n}"],
+        results=[f"{n} + {n} = {2 * n}", "correct"],
+    )
+    seen = PromptRecord(system="", task="", first_observation=question, window=8)
+    win = win.model_copy(
+        update={"steps": [win.steps[0], _as(win.steps[1], "answer", "answer")], "prompt": seen}
+    )
+    loss = traj([f"y{n}"], success=False, task=tid, tool=first_fail, arg=first_fail, observations=[question])
+    loss = loss.model_copy(update={"prompt": seen})
+    return [win, loss], [diagnosis(loss, [win], mode="wrong_answer")]
+
+
+def _as(step, tool: str, arg: str):  # noqa: ANN001, ANN202
+    from ratchet.types import ToolCall
+
+    return step.model_copy(
+        update={"tool_call": ToolCall(name=tool, args={arg: step.tool_call.args["expression"]})}
+    )
+
+
+def logic_tasks(ns: list[int], first_fail: str = "answer") -> tuple[list[Trajectory], list[Diagnosis]]:
+    trajs, diags = [], []
+    for n in ns:
+        t, d = logic_task(n, first_fail)
+        trajs += t
+        diags += d
+    return trajs, diags
+
+
+def test_calculating_before_answering_becomes_a_tool_choice_rule() -> None:
+    trajs, diags = logic_tasks([1, 2, 3])
+    rules = mine_rules(LOGIC, trajs, diags, min_tasks=2)
+    tool = [r for r in rules if r.kind == "prefer-tool"]
+    assert len(tool) == 1 and tool[0].spec.prefer == ("calculator: *",) and tool[0].support == 3
+    # it acts on the question (words every question has), not on the calculator's result
+    assert set(tool[0].spec.when) <= {"given", "premises", "what", "concluded", "question"}
+    assert tool[0].spec.when
+    from ratchet.skills.rules import constrain_tools
+    from ratchet.types import ToolSpec
+
+    free = [
+        ToolSpec(
+            name=n, description=n, parameters={"type": "object", "properties": {"x": {"type": "string"}}}
+        )
+        for n in ("calculator", "answer")
+    ]
+    question = "Given the premises P9 and Q9, what can be concluded? Question 9."
+    assert [t.name for t in constrain_tools(free, [tool[0].spec], question)[0]] == ["calculator"]
+    assert [t.name for t in constrain_tools(free, [tool[0].spec], "9 + 9 = 18")[0]] == [
+        "calculator",
+        "answer",
+    ]
+    assert not [r for r in mine_rules(LOGIC, trajs, diags, min_tasks=4) if r.kind == "prefer-tool"]
+
+
+def test_no_tool_choice_rule_where_the_failures_used_the_tool_as_well() -> None:
+    trajs, diags = logic_tasks([1, 2, 3], first_fail="calculator")  # they calculated too, and failed
+    assert not [r for r in mine_rules(LOGIC, trajs, diags, min_tasks=2) if r.kind == "prefer-tool"]
+
+
+def test_a_tool_no_success_ever_called_is_avoided_whole() -> None:
+    trajs, diags = logic_tasks([1, 2, 3], first_fail="search")
+    avoid = [r for r in mine_rules(LOGIC, trajs, diags, min_tasks=2) if r.kind == "avoid"]
+    assert [r.spec.avoid for r in avoid] == [("search: *",)]  # the tool, not three one-off calls
+    assert avoid[0].support == 3 and avoid[0].name == "propositional-logic-avoid-search"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratchet.skills.rules import Tried, apply_rules, call_text, constrain_tools, matches
+from ratchet.skills.rules import Tried, apply_rules, call_text, constrain_tools, matches, normal
 from ratchet.types import RuleSpec, ToolCall, ToolSpec
 
 MENU = ["act: look around", "act: move south", "act: open door to west", "act: take coin"]
@@ -81,9 +81,48 @@ def test_constrain_tools_narrows_the_enum_and_keeps_the_original_spelling() -> N
     out, fired = constrain_tools(tools, [rule], "You see a coin.")
     assert out[0].parameters["properties"]["action"]["enum"] == ["Take Coin"]  # what the env accepts
     assert out[0].parameters["properties"]["action"]["description"] == "verbatim"
-    assert out[1] == answer and fired == ["r"]
+    assert fired == ["r"] and len(out) == 1  # forced: the other tool is not on the menu either
     assert tools[0].parameters["properties"]["action"]["enum"] == ["look around", "Take Coin"]  # not mutated
     assert constrain_tools(tools, [], "x") == (tools, [])
+    avoid = RuleSpec(name="a", avoid=("act: look around",))
+    assert constrain_tools(tools, [avoid], "")[0][1] == answer  # a tool without an enum is left alone
+
+
+def _free(name: str, *params: str) -> ToolSpec:
+    props = {p: {"type": "string"} for p in params}
+    return ToolSpec(name=name, description=name, parameters={"type": "object", "properties": props})
+
+
+CALC, ANSWER = _free("calculator", "expression"), _free("answer", "answer")
+
+
+def test_rules_act_on_tool_choice_where_nothing_is_enumerated() -> None:
+    first = RuleSpec(name="calc-first", prefer=("calculator: *",), when=("premises",))
+    out, fired = constrain_tools([CALC, ANSWER], [first], "Given the premises P and Q, what follows?")
+    assert (out, fired) == ([CALC], ["calc-first"])  # the first move is a calculation
+    assert constrain_tools([CALC, ANSWER], [first], "2 + 3 = 5") == ([CALC, ANSWER], [])  # then free
+    never = RuleSpec(name="no-calc", avoid=("calculator: *",))
+    assert constrain_tools([CALC, ANSWER], [never], "") == ([ANSWER], ["no-calc"])
+    # a rule that would leave no tool at all does not act
+    assert constrain_tools([CALC], [never], "") == ([CALC], [])
+    # a specific call is not the tool: avoiding one expression does not take the calculator away
+    assert constrain_tools([CALC, ANSWER], [RuleSpec(name="x", avoid=("calculator: 1 + 1",))], "")[1] == []
+
+
+def test_a_tool_without_parameters_is_one_action_and_no_repeat_sees_it() -> None:
+    look = _free("look")
+    rule = RuleSpec(name="no-loop", no_repeat=True)
+    tried = [Tried(normal("A hall."), call_text(ToolCall(name="look", args={})))]
+    assert constrain_tools([look, ANSWER], [rule], "A hall.", tried) == ([ANSWER], ["no-loop"])
+    assert constrain_tools([look, ANSWER], [rule], "A cellar.", tried) == ([look, ANSWER], [])
+
+
+def test_enumerated_and_free_tools_share_one_menu() -> None:
+    tools = [_act(["look around", "take coin"]), CALC]
+    out, fired = constrain_tools(tools, [RuleSpec(name="p", prefer=("calculator: *",))], "")
+    assert (out, fired) == ([CALC], ["p"])  # every enumerated action left: the tool is not offered
+    out, _ = constrain_tools(tools, [RuleSpec(name="q", avoid=("act: look around",))], "")
+    assert out[0].parameters["properties"]["action"]["enum"] == ["take coin"] and out[1] == CALC
 
 
 def test_call_text_is_the_attributions_normal_form() -> None:

@@ -48,3 +48,27 @@ def test_the_embedded_model_plays_within_its_rules(embedded_server: str) -> None
         assert fired > 0  # the rules had something to do on these tasks
     finally:
         suite.close()
+
+
+def test_a_tool_choice_rule_acts_where_nothing_is_enumerated(embedded_server: str) -> None:
+    """reasoning-gym offers `calculator` and `answer` with free-text arguments: a rule picks the
+    tool at the question (its `when` words) and lets go once the observation is a result."""
+    suite = get_suite("reasoning-gym:chain_sum")
+    try:
+        tasks = suite.tasks("train", 3)
+        when = ("arithmetic", "problem")
+        first = RuleSpec(name="chain-sum-prefer-calculator", prefer=("calculator: *",), when=when)
+        actor = build_actor(chat_model(embedded_server, BASE_MODEL_NAME))
+        policy = Policy(model=BASE_MODEL_NAME, rules=(first,))
+        for i, task in enumerate(tasks):
+            assert "arithmetic problem" in task.instruction  # the rule's `when` holds at the question
+            slot = RolloutSlot("tool-rules", 0, task, i)
+            t = run_rollout(actor, suite, slot, policy, ActorSettings(max_steps=3))
+            assert t.status == "finished" and t.steps
+            assert t.steps[0].tool_call is not None and t.steps[0].tool_call.name == "calculator"
+            assert t.steps[0].rules == [first.name]
+            for step in t.steps[1:]:  # after a result the question's words are gone: no forcing
+                if "problem" not in step.observation.lower():
+                    assert step.rules == []
+    finally:
+        suite.close()

@@ -161,3 +161,25 @@ def test_openai_export_learns_only_the_last_turn(tmp_path: Path) -> None:
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "assistant"]
     assert second[2]["weight"] == 0 and "weight" not in second[-1]
     assert json.loads(second[-1]["tool_calls"][0]["function"]["arguments"]) == {"action": "take coin"}
+
+
+def test_finetune_off_skips_the_stage_and_leaves_the_registry_untouched(tmp_path: Path) -> None:
+    """`finetune.mode = 'off'` (skills, rules and tools only) trains and registers nothing, even
+    with enough new successes that 'lora' would train."""
+    from types import SimpleNamespace
+
+    from ratchet.config import load_settings
+    from ratchet.flows.finetune import finetune_stage
+    from ratchet.memory.trajectory_store import open_store
+
+    s = load_settings({"data_dir": tmp_path, "finetune.mode": "off", "finetune.min_new_successes": 0})
+    store = open_store(s.trajectories_db)
+    try:
+        won = traj(["take coin"], success=True, task="textworld-express:coin:train:1")
+        store.put(won.model_copy(update={"evolution": s.evolution}))
+        result = finetune_stage(SimpleNamespace(settings=s, store=store), generation=1)  # type: ignore[arg-type]
+    finally:
+        store.close()
+    assert (result.action, result.version) == ("skipped", None)
+    assert "off" in result.reason and result.counts  # the data was counted, not trained on
+    assert not s.adapters_dir.exists() or not any(s.adapters_dir.iterdir())
