@@ -30,7 +30,7 @@ from langgraph.runtime import Runtime
 
 from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
-from ratchet.skills.rules import Tried, call_text, constrain_tools, normal
+from ratchet.skills.rules import Tried, bind_to_menu, call_text, constrain_tools, normal
 from ratchet.suites.base import ActionError, Episode, StepResult
 from ratchet.types import TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
 
@@ -90,7 +90,10 @@ class RolloutContext:
         """The environment's tools of this step, then the policy's, narrowed by the policy's
         rules (which fired is recorded on `step`)."""
         tools, fired = constrain_tools(
-            [*self.episode.tools(), *self.policy.tools], self.policy.rules, self.observation, self.tried
+            bind_to_menu([*self.episode.tools(), *self.policy.tools]),
+            self.policy.rules,
+            self.observation,
+            self.tried,
         )
         if step is not None:
             step.rules = fired

@@ -5,7 +5,9 @@
 Two jobs (ALITA-G's idea, sized for a small teacher):
 
 * `MacroJob`: a mined action pattern (skills/mining.py) becomes a parameterized macro,
-  written from a template, so no teacher is needed;
+  written from a template, so no teacher is needed; its parameters are enums, and the one
+  its first action needs is bound to each step's valid actions (`skills/rules.py`), so a
+  small model's constrained call is always playable at its first action;
 * `FunctionJob`: for question-answer families, the teacher writes `run(task) -> answer`
   from solved examples. A weak teacher rarely passes `check`, which is the point.
 
@@ -30,11 +32,13 @@ from ratchet.agents.structured import ask_json
 from ratchet.errors import RatchetError
 from ratchet.skills.format import ToolSource
 from ratchet.skills.mining import Pattern
+from ratchet.skills.rules import MENU_KEY
 from ratchet.skills.sandbox import run_tool, validate_tool_code
 from ratchet.skills.screen import Screen
 from ratchet.skills.toolbox import TASK_ARG
 
 CODE_MAX = 4000
+VALUES_MAX = 32  # values a macro parameter's enum lists (those seen where the pattern worked)
 TOOLSMITH_SYSTEM = (
     "You write one small, pure Python function `run(task: str) -> str` that solves a family of "
     "problems: given the problem text, return the final answer exactly as the examples show. "
@@ -156,10 +160,16 @@ def macro_source(pattern: Pattern) -> ToolSource:
         )
         lines.append(f"        {{'tool': {a.tool!r}, 'args': {{{args}}}}},")
     lines.append("    ]")
-    properties = {}
+    # Every parameter is an enum, so a constrained decoder can only write a value that was
+    # seen where the pattern worked; the one the first action needs is bound to the menu
+    # instead (`skills/rules.py:bind_to_menu`): any value that makes that action valid now.
+    first = pattern.actions[0].render()
+    properties: dict[str, dict[str, Any]] = {}
     for p in pattern.params:
-        seen = sorted({e[p] for e in pattern.examples if p in e})[:5]
-        properties[p] = {"type": "string", "maxLength": 40, "description": f"e.g. {', '.join(seen)}"}
+        seen = sorted({e[p] for e in pattern.examples if p in e})[:VALUES_MAX]
+        properties[p] = {"type": "string", "enum": seen, "description": f"e.g. {', '.join(seen[:5])}"}
+        if set(re.findall(r"\{(\w+)\}", first)) == {p}:
+            properties[p][MENU_KEY] = first
     return ToolSource(kind="macro", parameters=_schema(properties), code="\n".join(lines) + "\n")
 
 

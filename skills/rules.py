@@ -29,6 +29,11 @@ the menu is not offered at all.
 
 Patterns are actions in the attribution's normal form (`act: take coin`, lowercased, single
 spaces); `*` stands for one or more words (`act: open door to *`).
+
+The menu also binds tools to the step (`bind_to_menu`): a parameter annotated with
+`MENU_KEY` (a macro's first action as a template, `act: move {a}`) gets as its enum the
+values that make an action on this step's menu, so constrained decoding can only produce
+a call whose first action is playable; a tool left with no such value is not offered.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ def normal(text: str) -> str:
 
 
 WILDCARD = "*"  # a word of a pattern that stands for one or more words
+MENU_KEY = "x-ratchet-menu"  # a parameter's annotation: the action template its value must complete
 
 
 def matches(pattern: str, action: str) -> bool:
@@ -127,6 +133,37 @@ def constrain_tools(
             props[key] = props[key] | {"enum": narrowed}
             out.append(tool.model_copy(update={"parameters": tool.parameters | {"properties": props}}))
     return out, fired
+
+
+def bind_to_menu(tools: Sequence[ToolSpec]) -> list[ToolSpec]:
+    """`tools` with every `MENU_KEY` parameter's enum set to the values that complete its
+    template into an action on this step's menu (the enumerated actions of the other tools);
+    a tool with such a parameter and no value is dropped. The annotation is removed, so
+    what reaches an endpoint is plain JSON schema."""
+    menu = [e for t in tools for e in _entries(t) if _enum(t)[0] is not None]
+    out: list[ToolSpec] = []
+    for tool in tools:
+        props = tool.parameters.get("properties", {})
+        bound = {k: v for k, v in props.items() if isinstance(v, dict) and MENU_KEY in v}
+        if not bound:
+            out.append(tool)
+            continue
+        narrowed = dict(props)
+        for key, prop in bound.items():
+            plain = {k: v for k, v in prop.items() if k != MENU_KEY}
+            narrowed[key] = plain | {"enum": _completions(str(prop[MENU_KEY]), key, menu)}
+        if all(narrowed[k]["enum"] for k in bound):
+            out.append(tool.model_copy(update={"parameters": tool.parameters | {"properties": narrowed}}))
+    return out
+
+
+def _completions(template: str, key: str, menu: Sequence[str]) -> list[str]:
+    """The values of `{key}` that turn `template` into an entry of `menu`, in menu order."""
+    before, hole, after = normal(template).partition("{" + key + "}")
+    if not hole or "{" + key + "}" in after:
+        return []
+    rx = re.compile(re.escape(before) + r"(\S+(?: \S+)*)" + re.escape(after))
+    return list(dict.fromkeys(m.group(1) for e in menu if (m := rx.fullmatch(e))))
 
 
 def tool_entry(tool: str, has_args: bool = True) -> str:

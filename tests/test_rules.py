@@ -133,3 +133,39 @@ def test_call_text_is_the_attributions_normal_form() -> None:
     assert (
         call_text(call) == normalize_action(Step(index=0, observation="", tool_call=call)) == "act: take coin"
     )
+
+
+def _macro(first: str = "act: move {a}") -> ToolSpec:
+    a = {"type": "string", "enum": ["north"], "description": "e.g. north", "x-ratchet-menu": first}
+    b = {"type": "string", "enum": ["coin", "key"]}
+    return ToolSpec(
+        name="macro", description="m", parameters={"type": "object", "properties": {"a": a, "b": b}}
+    )
+
+
+def test_a_macro_parameter_bound_to_the_menu_takes_only_playable_values() -> None:
+    from ratchet.skills.rules import MENU_KEY, bind_to_menu
+
+    env = _act(["move east", "Move West", "take coin", "move to the north wing"])
+    out = bind_to_menu([env, _macro()])
+    a = out[1].parameters["properties"]["a"]
+    assert a["enum"] == ["east", "west", "to the north wing"]  # any value that plays now, not only "north"
+    assert MENU_KEY not in a and a["description"] == "e.g. north"  # plain JSON schema leaves ratchet
+    assert out[1].parameters["properties"]["b"]["enum"] == ["coin", "key"]  # later actions: what was seen
+    assert out[0] == env
+    assert bind_to_menu([_act(["take coin"]), _macro()]) == [
+        _act(["take coin"])
+    ]  # nowhere to move: not offered
+    assert bind_to_menu([_act(["move east"]), _macro("act: {a} {a}")])[1:] == []  # a template it cannot read
+
+
+def test_a_bound_macro_goes_through_the_rules_menu_like_any_tool() -> None:
+    from ratchet.skills.rules import bind_to_menu
+
+    tools = bind_to_menu([_act(["move east", "take coin"]), _macro()])
+    out, fired = constrain_tools(tools, [RuleSpec(name="p", prefer=("act: take coin",))], "")
+    assert [t.name for t in out] == ["act"] and fired == ["p"]
+    # two parameters: the macro is one entry, `macro: *`, which a specific call never repeats
+    tried = [Tried(normal("Hall."), "macro: coin, east")]
+    assert constrain_tools(tools, [RuleSpec(name="n", no_repeat=True)], "Hall.", tried) == (tools, [])
+    assert constrain_tools(tools, [RuleSpec(name="x", avoid=("macro: *",))], "")[0] == tools[:1]

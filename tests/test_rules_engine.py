@@ -72,3 +72,44 @@ def test_a_tool_choice_rule_acts_where_nothing_is_enumerated(embedded_server: st
                     assert step.rules == []
     finally:
         suite.close()
+
+
+def test_a_macro_bound_to_the_menu_only_ever_makes_a_playable_first_move(embedded_server: str) -> None:
+    """A distilled macro (move {a}, then take coin) played by the real model through the MCP
+    toolbox and the sandbox: its `a` is bound to each step's valid moves, so every call's first
+    action is valid where it was made. A rule makes the macro the whole menu, so it is called."""
+    from ratchet.agents.toolsmith import MacroJob, build_toolsmith
+    from ratchet.flows.distill import to_skill
+    from ratchet.skills.mining import ActionTemplate, Pattern
+    from ratchet.skills.screen import Screen
+    from ratchet.skills.toolbox import Toolbox
+
+    moves = (ActionTemplate("act", {"action": "move {a}"}), ActionTemplate("act", {"action": "take coin"}))
+    pattern = Pattern("textworld-express:coin", moves, ("a",), ({"a": "north"},), 2, 2, ("t",))
+    made = build_toolsmith(None).invoke(
+        {"job": MacroJob("coin-macro-move-take", pattern), "screen": Screen()}
+    )
+    skill = to_skill(made, "e", 0)
+    assert skill is not None
+    only = RuleSpec(name="only-the-macro", prefer=("coin-macro-move-take: *",))
+    policy = Policy(model=BASE_MODEL_NAME, tools=(skill.tool_spec(),), rules=(only,))
+    suite = get_suite("textworld-express:coin")
+    try:
+        actor = build_actor(chat_model(embedded_server, BASE_MODEL_NAME))
+        calls = 0
+        for i, task in enumerate(suite.tasks("train", 3)):
+            slot = RolloutSlot("bound-macro", 0, task, i)
+            t = run_rollout(
+                actor, suite, slot, policy, ActorSettings(max_steps=4), tool_runner=Toolbox([skill])
+            )
+            assert t.status == "finished"
+            for step in t.steps:
+                if step.tool_call is None or step.tool_call.name != skill.name:
+                    continue  # no move on the menu: the macro was not offered
+                calls += 1
+                menu = step.observation.lower().rsplit("valid actions:", 1)[-1]
+                assert f"move {step.tool_call.args['a']}" in menu  # playable where it was called
+                assert step.error is None  # a refused first action would be the tool's error
+        assert calls > 0
+    finally:
+        suite.close()
