@@ -167,9 +167,11 @@ def macro_source(pattern: Pattern) -> ToolSource:
     properties: dict[str, dict[str, Any]] = {}
     for p in pattern.params:
         seen = sorted({e[p] for e in pattern.examples if p in e})[:VALUES_MAX]
-        properties[p] = {"type": "string", "enum": seen, "description": f"e.g. {', '.join(seen[:5])}"}
+        properties[p] = {"type": "string", "description": f"e.g. {', '.join(seen[:5])}"}
         if set(re.findall(r"\{(\w+)\}", first)) == {p}:
-            properties[p][MENU_KEY] = first
+            properties[p][MENU_KEY] = first  # its enum is set anew at every step
+        else:
+            properties[p]["enum"] = seen
     return ToolSource(kind="macro", parameters=_schema(properties), code="\n".join(lines) + "\n")
 
 

@@ -173,7 +173,7 @@ class VerifySettings(GateSettings):
 class EvolveSettings(Section):
     """`ratchet evolve`: how many generations, and where rollouts run."""
 
-    generations: int = Field(default=2, ge=1, description="generations after the baseline (generation 0)")
+    generations: int = Field(default=1, ge=1, description="generations after the baseline (generation 0)")
     task_runner: Literal["threads", "dask", "ray"] = Field(
         default="threads",
         description="Prefect task runner for rollouts: threads (default), dask or ray (install the extra)",
@@ -249,9 +249,13 @@ class SkillSettings(Section):
 
 
 class SplitSizes(Section):
-    train: int = Field(default=2, ge=1, description="train tasks per subset")
-    dev: int = Field(default=8, ge=1, description="dev tasks per subset (the A/B gate needs 5 or more)")
-    test: int = Field(default=3, ge=1, description="test tasks per subset")
+    """Tasks per subset. The defaults are the smallest that show the loop turning on the
+    embedded model: a rule that repairs a third of the dev tasks needs 16 of them to pass the
+    gate (5 repairs without a regression), and a gain on the test split needs 10 to be seen."""
+
+    train: int = Field(default=4, ge=1, description="train tasks per subset")
+    dev: int = Field(default=16, ge=1, description="dev tasks per subset (the A/B gate needs 5 or more)")
+    test: int = Field(default=10, ge=1, description="test tasks per subset")
 
 
 class Settings(BaseSettings):

@@ -268,3 +268,74 @@ def test_aa_gates_on_the_real_engine_admit_at_most_alpha(embedded_server: str, t
     summary = aa.run_aa(gates=40, data_dir=tmp_path, base_url=embedded_server)
     assert summary["gates"] == 40
     assert summary["accepted"] <= int(0.05 * 40)
+
+
+@pytest.mark.integration
+def test_rules_exemplars_and_bound_macros_are_gated_on_the_real_engine(
+    embedded_server: str, tmp_path: Path
+) -> None:
+    """The three kinds that act through the policy's mechanics, each a candidate of the real
+    verify flow on TextWorldExpress coin against the embedded model: each arm shows its kind
+    acting (rule firings, the solved tasks in the prompt, calls of the bound macro), each gets
+    a decision with evidence, and whatever went live can be rolled back."""
+    from ratchet.agents.toolsmith import MacroJob, build_toolsmith
+    from ratchet.flows.distill import to_skill
+    from ratchet.flows.launch import run_flow
+    from ratchet.flows.runtime import open_library
+    from ratchet.flows.verify import arm_name, verify_flow
+    from ratchet.skills.exemplars import exemplar_skill, pick_demos
+    from ratchet.skills.mining import ActionTemplate, Pattern
+    from ratchet.skills.screen import Screen
+    from ratchet.types import RuleSpec
+    from tests.factories import a_rule, traj
+
+    coin = "textworld-express:coin"
+    settings = load_settings(
+        {"data_dir": tmp_path, "suite": coin, "splits.dev": 5, "max_steps": 6, "concurrency": 8}
+    )
+    suite = get_suite(coin)
+    try:  # solved train tasks: the suite's own gold paths, filed as if the policy had found them
+        solved = []
+        for i, task in enumerate(suite.tasks("train", 3)):
+            with suite.episode(task) as ep:
+                ep.reset()
+                gold = [c.args["action"] for c in ep.expert_actions() or []]
+            t = traj(gold, success=True, task=task.id, tid=f"won-{i}")
+            solved.append(t.model_copy(update={"instruction": task.instruction}))
+    finally:
+        suite.close()
+    moves = (ActionTemplate("act", {"action": "move {a}"}), ActionTemplate("act", {"action": "take coin"}))
+    pattern = Pattern(coin, moves, ("a",), ({"a": "north"},), 2, 2, ("t",))
+    made = build_toolsmith(None).invoke(
+        {"job": MacroJob("coin-macro-move-take", pattern), "screen": Screen()}
+    )
+    candidates = [
+        a_rule(RuleSpec(name="coin-no-repeat", no_repeat=True)),
+        exemplar_skill(coin, pick_demos(coin, solved, 8), "default", 0),
+        to_skill(made, "default", 0),
+    ]
+    library = open_library(settings)
+    for c in candidates:
+        library.add(c)
+    result = run_flow(verify_flow, settings, generation=0, base_url=embedded_server)
+    assert {v.skill for v in result.verdicts} == {c.name for c in candidates}
+    store = open_store(settings.trajectories_db)
+    try:
+        dev = store.query(split="dev")
+    finally:
+        store.close()
+    arms = {c.kind: [t for t in dev if t.arm == arm_name(library.get(c.name))] for c in candidates}
+    assert all(len(trajs) == 5 for trajs in arms.values())
+    assert any(s.rules == ["coin-no-repeat"] for t in arms["rule"] for s in t.steps)
+    assert all("Solved examples" in t.prompt.system for t in arms["exemplar"])
+    called = [
+        s for t in arms["tool"] for s in t.steps if s.tool_call and s.tool_call.name == "coin-macro-move-take"
+    ]
+    assert all(s.error is None for s in called)  # bound to the menu: never a refused first move
+    for v in result.verdicts:  # decided on the same 5 dev tasks, the evidence filed with it
+        assert v.status in {"promoted", "rejected"}
+        assert len(library.lifecycle.evidence(v.skill)["pairs"]) == 5
+    live = [v.skill for v in result.verdicts if v.status == "promoted"]
+    if live:
+        undone = library.rollback(live[0], who="test", why="undo on the real engine")
+        assert set(undone) >= {live[0]} and all(library.get(n).status == "retired" for n in undone)
