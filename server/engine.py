@@ -6,7 +6,10 @@ sampling seed and temperature, and its own stop; `generate` takes one of each pe
 The loop is a plain KV-cached decode over left-padded rows, the same math `generate` does:
 new requests are prefilled and merged into the running batch between decode steps, and a
 row leaves (and is answered) as soon as it stops. Prompt prefixes seen before are not
-prefilled again (`server.prefix_cache`).
+prefilled again (`server.prefix_cache`). Requests admitted together are prefilled in groups
+of similar new-token counts (`prefill_groups`): one padded forward costs every row the
+longest row's width, and an agent's step (tens of new tokens after its cached prefix) that
+lands beside a fresh prompt (hundreds) would otherwise pay for the fresh one.
 
 What it does not do (say so, then nobody is surprised):
 * rows of one batch share an adapter; requests for another adapter wait until it drains;
@@ -72,10 +75,12 @@ class Engine:
         max_batch: int = 8,
         batch_wait_s: float = 0.01,
         prefix_cache_tokens: int = 32_768,
+        group_prefill: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
+        self.group_prefill = group_prefill  # False: one padded forward for all (bench/prefill_groups.py)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -95,6 +100,7 @@ class Engine:
             "generated_tokens": 0,
             "prompt_tokens": 0,
             "prefilled_tokens": 0,
+            "prefill_slots": 0,  # rows x width of every prefill forward: prefilled tokens plus padding
         }
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._queue: queue.Queue[GenRequest] = queue.Queue()
@@ -260,21 +266,29 @@ class Engine:
             gen.manual_seed(r.seed if r.seed is not None else torch.seed())
             rows.append(_Row(req=r, matcher=matcher, gen=gen, out_ids=list(forced), n_forced=len(forced)))
         prompts = [row.req.prompt_ids + row.out_ids for row in rows]
+        hits = [self.prefix_cache.lookup(adapter, p) for p in prompts]
+        new = [len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)]
+        groups = prefill_groups(new) if self.group_prefill else [list(range(len(rows)))]
+        batch: _Batch | None = None
         with self._adapter(adapter):
-            cache, attn, pos, logits = self._prefill(prompts, adapter)
-        return _Batch(adapter, rows, cache, attn, pos, logits)
+            for group in groups:
+                part = self._prefill([prompts[i] for i in group], [hits[i] for i in group], adapter)
+                done = _Batch(adapter, [rows[i] for i in group], *part)
+                batch = done if batch is None else _merge(batch, done)
+        assert batch is not None
+        return batch
 
     def _prefill(
-        self, prompts: list[list[int]], adapter: str | None
+        self, prompts: list[list[int]], hits: list[tuple[int, Any]], adapter: str | None
     ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One batched forward over what the prefix cache does not already hold.
+        """One batched forward over what the prefix cache does not already hold (`hits`: each
+        prompt's cached prefix length and its keys and values).
 
         Row i is laid out as [pad | cached prefix (m_i) | pad | new tokens (s_i)] — holes are
         masked out, positions are explicit — so hits and misses share one forward pass.
         Returns the batch cache, its attention mask, each row's next position and last logits.
         """
         n = len(prompts)
-        hits = [self.prefix_cache.lookup(adapter, p) for p in prompts]
         past = max(m for m, _ in hits)
         width = max(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
         cache = DynamicCache()
@@ -316,6 +330,7 @@ class Engine:
             self.prefix_cache.store(adapter, p, kv)
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["prefilled_tokens"] += sum(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
+        self.stats["prefill_slots"] += n * width
         next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         return cache, attn, next_pos, out.logits[:, -1, :].float()
 
@@ -389,6 +404,20 @@ class Engine:
         b.logits = out.logits[:, -1, :].float()
         b.pos = b.pos + 1
         return b
+
+
+def prefill_groups(new_tokens: list[int], slack: int = 16) -> list[list[int]]:
+    """Row indices grouped for prefill, shortest first: a row joins the current group while
+    its new-token count is at most twice the group's smallest plus `slack`, so no row pays
+    for more than about twice its own width (plus one forward's fixed cost per group)."""
+    order = sorted(range(len(new_tokens)), key=lambda i: new_tokens[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and new_tokens[i] <= 2 * new_tokens[groups[-1][0]] + slack:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _sample(probs: torch.Tensor, top_p: float, gen: torch.Generator) -> int:

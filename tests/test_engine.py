@@ -102,3 +102,51 @@ def test_a_request_joins_a_running_batch_and_is_answered_when_done(engines):
     )
     want = plain.generate(GenRequest(prompt_ids=long_ids, max_tokens=80, temperature=0, ignore_eos=True))
     assert f_long.result().token_ids == want.token_ids
+
+
+def test_prefill_groups_bound_what_a_row_pays_for_its_neighbours():
+    from ratchet.server.engine import prefill_groups
+
+    assert prefill_groups([30, 800, 25, 40, 20]) == [[4, 2, 0, 3], [1]]  # the fresh prompt alone
+    assert prefill_groups([100, 150, 180, 230, 500]) == [[0, 1, 2], [3], [4]]
+    assert prefill_groups([7]) == [[0]] and prefill_groups([]) == []
+    for lengths in ([1, 2, 3, 50, 51, 400, 999], [5] * 8):
+        groups = prefill_groups(lengths)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        assert all(max(lengths[i] for i in g) <= 2 * min(lengths[i] for i in g) + 16 for g in groups)
+
+
+def test_grouped_prefill_pads_less_and_answers_the_same(base_model_dir, engines):
+    """Agent steps beside a fresh prompt, admitted together: grouped, the steps do not pay for
+    the fresh prompt's width; the tokens are the uncached engine's either way."""
+    from ratchet.server.engine import Engine, GenRequest
+
+    cached, plain = engines
+    tok = cached.tokenizer
+    steps = _conversation(tok, 6)
+    fresh = tok.apply_chat_template(
+        [{"role": "user", "content": "Describe a lighthouse in the fog, its keeper and the ships. " * 12}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    want = [
+        plain.generate(GenRequest(prompt_ids=p, max_tokens=6, temperature=0)).token_ids
+        for p in [*steps[1:], fresh]
+    ]
+    slots = {}
+    for grouped in (True, False):
+        engine = Engine(base_model_dir, group_prefill=grouped, batch_wait_s=0.2)
+        try:
+            for p in steps[:-1]:  # each step's prefix is cached, as in a rollout
+                engine.generate(GenRequest(prompt_ids=p, max_tokens=1, temperature=0))
+            before = engine.stats["prefill_slots"]
+            futures = [
+                engine.submit(GenRequest(prompt_ids=p, max_tokens=6, temperature=0))
+                for p in [*steps[1:], fresh]
+            ]
+            assert [f.result().token_ids for f in futures] == want
+            slots[grouped] = engine.stats["prefill_slots"] - before
+        finally:
+            engine.close()
+    assert slots[True] * 2 < slots[False]

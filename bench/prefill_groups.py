@@ -1,0 +1,134 @@
+"""Agent traffic through the embedded engine with prefill grouped by width, and without.
+
+The workload is what a generation sends: 8 coin rollouts at once, each step's prompt the
+exact one the actor built (replayed from real episodes, `training/examples.replay`; the
+episodes are played by random valid actions, so no model is needed to make them), each
+rollout sending its next step when the last is answered, rollouts starting as others end.
+Each request decodes `--tokens` tokens (about an action's length) under the step's own
+tool grammar, greedy. The two engines run interleaved, `--rounds` times each, in one
+process; the result is the ratio of wall times and of prefill slots (rows x width of every
+prefill forward: what the padded forwards computed).
+
+    .venv/bin/python bench/prefill_groups.py [--rollouts 16] [--steps 15] [--rounds 2]
+
+Writes bench/results/prefill_groups.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def episodes(n: int, steps: int) -> list[list[dict[str, Any]]]:
+    """`n` coin episodes played by random valid actions: per episode, each step's request."""
+    from ratchet.agents.actor import ActorSettings, build_actor
+    from ratchet.agents.rollout import RolloutSlot, run_rollout
+    from ratchet.agents.testing import ScriptedChatModel, call
+    from ratchet.suites import get_suite
+    from ratchet.training.examples import replay
+    from ratchet.types import Policy
+
+    rng = random.Random(0)
+
+    def script(messages: list, tools: list) -> Any:
+        valid = tools[0]["function"]["parameters"]["properties"]["action"]["enum"]
+        return call("act", action=rng.choice(valid))
+
+    suite = get_suite("textworld-express:coin")
+    out = []
+    try:
+        actor = build_actor(ScriptedChatModel(script=script))
+        for i, task in enumerate(suite.tasks("train", n)):
+            t = run_rollout(
+                actor, suite, RolloutSlot("bench", 0, task, i), Policy(model="m"), ActorSettings(steps)
+            )
+            out.append([{"messages": ex.messages, "tools": ex.tools} for ex in replay(t)])
+    finally:
+        suite.close()
+    return out
+
+
+def encode(engine: Any, request: dict[str, Any]) -> tuple[list[int], Any]:
+    """Token ids and compiled grammar exactly as the server makes them for this request."""
+    from ratchet.server.app import render_tools, to_chatml_messages, tool_call_schema
+
+    turns = to_chatml_messages(request["messages"], render_tools(request["tools"]))
+    ids = engine.tokenizer.apply_chat_template(
+        turns, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    schema = tool_call_schema(request["tools"], allow_text=False)
+    return list(ids), engine.compile_json_schema(json.dumps(schema, sort_keys=True))
+
+
+def play(engine: Any, eps: list[list[tuple[list[int], Any]]], tokens: int, concurrency: int) -> float:
+    """Wall seconds for every episode's steps, `concurrency` episodes in flight."""
+    from ratchet.server.engine import GenRequest
+
+    todo: Queue[list[tuple[list[int], Any]]] = Queue()
+    for e in eps:
+        todo.put(e)
+
+    def worker() -> None:
+        while not todo.empty():
+            for ids, grammar in todo.get():
+                engine.generate(GenRequest(prompt_ids=ids, max_tokens=tokens, temperature=0, grammar=grammar))
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for f in [pool.submit(worker) for _ in range(concurrency)]:
+            f.result()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rollouts", type=int, default=16)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    from ratchet.server.engine import Engine
+    from ratchet.server.weights import ensure_hf_copy
+
+    model_dir = ensure_hf_copy(ROOT / ".ratchet" / "models")
+    requests = episodes(args.rollouts, args.steps)
+    runs: dict[str, list[dict[str, float]]] = {"grouped": [], "one forward": []}
+    for _ in range(args.rounds):
+        for name, grouped in (("grouped", True), ("one forward", False)):
+            engine = Engine(model_dir, max_batch=args.concurrency, group_prefill=grouped)
+            try:
+                eps = [[encode(engine, r) for r in e] for e in requests]
+                seconds = play(engine, eps, args.tokens, args.concurrency)
+                stats = dict(engine.stats)
+            finally:
+                engine.close()
+            runs[name].append({"seconds": seconds, **{k: float(v) for k, v in stats.items()}})
+            shown = f"slots {stats['prefill_slots']:>8}  prefilled {stats['prefilled_tokens']:>7}"
+            print(f"{name:12s} {seconds:7.1f} s  {shown}  requests {stats['requests']}", flush=True)
+    med = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}
+    slots = {k: statistics.median(r["prefill_slots"] for r in v) for k, v in runs.items()}
+    summary = {
+        "speedup": med["one forward"] / med["grouped"],
+        "prefill_slots_ratio": slots["one forward"] / slots["grouped"],
+        "median_seconds": med,
+    }
+    print(json.dumps(summary, indent=2))
+    out = ROOT / "bench" / "results" / "prefill_groups.json"
+    out.write_text(json.dumps({"args": vars(args), "runs": runs, **summary}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
