@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ratchet.diagnosis.attribution import normalize_action, state_key
@@ -238,11 +238,7 @@ def _prefer_rules(
         covered.update(members)
         states = [_state(by_id.get(d.trajectory_id), d) for d in support]
         when = _when(pattern, states, background)
-        wins = sorted(
-            t.id for t in successes if t.task_id in tasks and any(matches(pattern, a) for a in _acted(t))
-        )
-        failed = sorted({d.trajectory_id for d in support})
-        instead = Counter(d.attribution.taken for d in support).most_common(1)[0][0]  # type: ignore[union-attr]
+        failed, wins, instead = _evidence(pattern, support, successes, tasks)
         shown = ", ".join(f"`{m}`" for m in members[:4]) + (", ..." if len(members) > 4 else "")
         where = f" and the observation mentions {' and '.join(repr(w) for w in when)}" if when else ""
         description = (
@@ -259,6 +255,23 @@ def _prefer_rules(
 
 def _tool(action: str) -> str:
     return action.partition(": ")[0]
+
+
+def _evidence(
+    pattern: str,
+    support: list[Diagnosis],
+    successes: list[Trajectory],
+    tasks: set[str],
+    shown: Callable[[str], str] = str,
+) -> tuple[list[str], list[str], str]:
+    """A prefer rule's evidence: the failed runs, the successful runs of its tasks that took
+    an action the pattern matches, and what the failures most often did instead."""
+    failed = sorted({d.trajectory_id for d in support})
+    wins = sorted(
+        t.id for t in successes if t.task_id in tasks and any(matches(pattern, a) for a in _acted(t))
+    )
+    instead = Counter(shown(d.attribution.taken) for d in support).most_common(1)[0][0]  # type: ignore[union-attr]
+    return failed, wins, instead
 
 
 def _prefer_tool_rules(
@@ -290,11 +303,7 @@ def _prefer_tool_rules(
         when = _state_words([_state(by_id.get(d.trajectory_id), d) for d in support], background)
         if not when:  # forced at every state, the tool would be all the policy ever calls
             continue
-        failed = sorted({d.trajectory_id for d in support})
-        wins = sorted(
-            t.id for t in successes if t.task_id in tasks and any(_tool(a) == tool for a in _acted(t))
-        )
-        instead = Counter(_tool(d.attribution.taken) for d in support).most_common(1)[0][0]  # type: ignore[union-attr]
+        failed, wins, instead = _evidence(pattern, support, successes, tasks, _tool)
         description = (
             f"Prefer the tool `{tool}`: when the observation mentions "
             f"{' and '.join(repr(w) for w in when)}, call `{tool}` rather than another tool. Evidence "
