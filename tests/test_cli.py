@@ -282,3 +282,23 @@ def test_adapters_commands(tmp_path):
     again = ratchet("adapters", "promote", "1", "-r", "it was the data", cwd=tmp_path)
     assert again.returncode == 0 and "champion: adapter v1" in again.stdout  # retired -> promoted
     assert_one_line_error(ratchet("adapters", "show", "9", cwd=tmp_path), "not in the registry")
+
+
+def test_skills_show_lists_an_exemplar_sets_solved_tasks(tmp_path):
+    from ratchet.skills.exemplars import exemplar_skill
+    from ratchet.skills.format import Demo
+    from ratchet.skills.library import SkillLibrary
+
+    data = tmp_path / "data"
+    demos = [Demo(task="Find the coin.", actions=("act: move north", "act: take coin"), trajectory="t-1")]
+    SkillLibrary(data / "skills", data / "index").add(
+        exemplar_skill("textworld-express:coin", demos, "default", 1)
+    )
+    proc = ratchet("skills", "show", "coin-exemplars", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "solved task 1 (t-1): Find the coin." in proc.stdout
+        and "act: move north → act: take coin" in proc.stdout
+    )
+    listed = ratchet("skills", "list", "--kind", "exemplar", cwd=tmp_path)
+    assert listed.returncode == 0 and "coin-exemplars" in listed.stdout

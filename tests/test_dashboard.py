@@ -166,3 +166,21 @@ def test_a_rule_page_shows_the_rule_it_applies(tmp_path: Path) -> None:
     html = local_client(create_dashboard(settings)).get("/skills/coin-no-repeat").text
     shown = html.split('id="rule"', 1)[1].split("</pre>", 1)[0]
     assert "&#34;no_repeat&#34;: true" in shown or '"no_repeat": true' in shown
+
+
+def test_an_exemplar_page_lists_its_solved_tasks_linked_to_their_runs(tmp_path: Path) -> None:
+    from ratchet.config import load_settings
+    from ratchet.skills.exemplars import exemplar_skill
+    from ratchet.skills.format import Demo
+
+    settings = load_settings({"data_dir": tmp_path / "data"})
+    demos = [
+        Demo(task="Find the <b>coin</b>.", actions=("act: move north", "act: take coin"), trajectory="t-1"),
+        Demo(task="Find the coin again.", actions=("act: take coin",), trajectory="t-2"),
+    ]
+    open_library(settings).add(exemplar_skill("textworld-express:coin", demos, "default", 1))
+    html = local_client(create_dashboard(settings)).get("/skills/coin-exemplars").text
+    shown = html.split('id="exemplars"', 1)[1].split("</ol>", 1)[0]
+    assert shown.count("<li>") == 2 and "act: move north → act: take coin" in shown
+    assert 'href="/trajectories/t-1"' in shown and 'href="/trajectories/t-2"' in shown
+    assert "&lt;b&gt;coin&lt;/b&gt;" in shown and "<b>coin</b>" not in shown  # task text is data, escaped
