@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from ratchet.diagnosis.attribution import action_path
 from ratchet.skills.format import Demo, Skill
-from ratchet.skills.rule_mining import is_train
+from ratchet.skills.rule_mining import is_train, rule_name
 from ratchet.types import Trajectory, family_of
 
 TASK_MAX = 600  # characters of a task's instruction a demonstration keeps
@@ -54,9 +54,8 @@ def pick_demos(family: str, trajectories: Sequence[Trajectory], limit: int) -> t
 
 def exemplar_skill(family: str, demos: Sequence[Demo], evolution: str, generation: int) -> Skill:
     """The candidate: the demonstrations in scripts/exemplars.json, what it is in prose."""
-    subset = family.split(":", 1)[-1].replace("_", "-")
     return Skill(
-        name=f"{subset}-exemplars",
+        name=rule_name(family, "exemplars"),  # `<subset>-exemplars`, slugged like a rule's name
         description=(
             f"Exemplars for {family}: {len(demos)} solved train tasks; each task shows the nearest few "
             "as demonstrations (task, then the actions that solved it)."
