@@ -9,7 +9,8 @@ Per task family (suite:subset) of the train split:
   teacher-written function, by the `toolsmith`, tested in the sandbox;
 * rules — action rules mined from the diagnoses' attributions and stagnation clusters
   (`skills/rule_mining.py`, no model call): data the actor applies to the menu of valid
-  actions, so they act even on a policy that ignores its prompt;
+  actions, so they act even on a policy that ignores its prompt; a configured teacher may
+  propose one more per family (`agents/rule_proposer.py`), under the same checks;
 * exemplars — one set of the family's own solved train tasks, of every generation so far
   (`skills/exemplars.py`, no model call), shown nearest-first as demonstrations.
 
@@ -29,6 +30,7 @@ import mlflow
 from prefect import flow, task
 
 from ratchet.agents.distiller import GuardrailJob, ProcedureJob, build_distiller, render_body, slug
+from ratchet.agents.rule_proposer import RuleJob, build_rule_proposer
 from ratchet.agents.toolsmith import FunctionJob, MacroJob, build_toolsmith
 from ratchet.config import Settings
 from ratchet.diagnosis.attribution import action_path
@@ -42,7 +44,7 @@ from ratchet.skills.library import AddResult
 from ratchet.skills.mining import mine_patterns
 from ratchet.skills.rule_mining import MinedRule, mine_rules
 from ratchet.skills.screen import Screen
-from ratchet.types import Trajectory, family_of
+from ratchet.types import Diagnosis, Trajectory, family_of
 
 
 @dataclass
@@ -85,6 +87,9 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
             clusters[d.cluster].append(d)
     teacher = rt.teacher if s.distill.teacher else None
     distiller, toolsmith = build_distiller(teacher), build_toolsmith(teacher)
+    configured = bool(s.teacher.endpoint or s.teacher.name)  # not the policy's own model
+    use = teacher is not None and configured and s.distill.teacher_rules
+    proposer = build_rule_proposer(teacher) if use and teacher is not None else None
     out = DistillResult()
     jobs: list[tuple[str, Any, dict[str, Any]]] = []
     rules: list[Skill] = []
@@ -113,6 +118,8 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
             jobs.append((f"macro {family}", toolsmith, {"job": job, "screen": screen}))
         if teacher is not None and (fjob := function_job(family, wins)) is not None:
             jobs.append((f"function {family}", toolsmith, {"job": fjob, "screen": screen}))
+        if proposer is not None and (rjob := rule_job(family, trajs, diagnoses)) is not None:
+            jobs.append((f"rule {family}", proposer, {"job": rjob, "screen": screen}))
     rules += _exemplar_candidates(rt, generation, sorted(families), out)
     for skill in rules:  # mined, nothing to wait for
         out.candidates.append(Candidate(skill, rt.library.add(skill)))
@@ -132,8 +139,17 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
 
 
 def to_skill(final: dict[str, Any], evolution: str, generation: int) -> Skill | None:
-    """The Skill a finished distiller/toolsmith state describes, or None if it was dropped."""
+    """The Skill a finished distiller/toolsmith/proposer state describes, or None if dropped."""
     job = final["job"]
+    if isinstance(job, RuleJob):
+        spec, proposed = final.get("rule"), final.get("proposed")
+        if spec is None or proposed is None:
+            return None
+        tasks = len({d.task_id for d in job.diagnoses})
+        evidence = f"{len(job.diagnoses)} attributed failures in {tasks} {job.family} train tasks"
+        why = f"Proposed by the teacher from {evidence}: {proposed.why}"
+        mined = MinedRule(spec, "proposed", why, tasks, tuple(job.trajectory_ids))
+        return rule_skill(mined, job.family, evolution, generation)
     if isinstance(job, ProcedureJob | GuardrailJob):
         written = final.get("final")
         if written is None:
@@ -214,6 +230,17 @@ def _exemplar_candidates(
         if len(demos) >= s.distill.min_tasks:  # one per task
             found.append(exemplar_skill(family, demos, s.evolution, generation))
     return found
+
+
+def rule_job(family: str, trajs: list[Trajectory], diagnoses: list[Diagnosis]) -> RuleJob | None:
+    """The evidence a teacher proposes a rule from: the family's attributed train failures,
+    the actions its train runs took, what they saw; None without attributed failures."""
+    diags = [d for d in diagnoses if family_of(d.task_id) == family and d.attribution is not None]
+    if not diags:
+        return None
+    actions = [a for t in trajs for _, a in action_path(t)]
+    seen = [s.observation for t in trajs for s in t.steps]
+    return RuleJob(family, diags, actions, seen)
 
 
 def function_job(family: str, wins: list[Trajectory]) -> FunctionJob | None:

@@ -114,6 +114,11 @@ class DistillSettings(Section):
     exemplars: int = Field(
         default=8, ge=0, description="solved train tasks an exemplar candidate holds per family; 0 = none"
     )
+    teacher_rules: bool = Field(
+        default=True,
+        description="a configured teacher (teacher.endpoint or teacher.name set) proposes one rule per "
+        "family, under the miner's checks; the policy's own model never does",
+    )
     merge_similarity: float = Field(
         default=0.92, gt=0, le=1, description="near-duplicates of an existing skill are merged into it"
     )
