@@ -148,12 +148,18 @@ def policy_with(base: Policy, skills: list[Skill]) -> Policy:
     texts = tuple(s.text() for s in skills if s.kind in ("procedure", "guardrail"))
     tools = tuple(s.tool_spec() for s in skills if s.kind == "tool")
     rules = tuple(s.rule_spec() for s in skills if s.kind == "rule")
-    demos = tuple(d for s in skills if s.kind == "exemplar" for d in s.demo_texts())
+    # two live sets may hold the same solved task: show it once
+    shown = {(d.description, d.body) for d in base.exemplars}
+    demos = []
+    for d in (d for s in skills if s.kind == "exemplar" for d in s.demo_texts()):
+        if (d.description, d.body) not in shown:
+            shown.add((d.description, d.body))
+            demos.append(d)
     update = {
         "skills": base.skills + texts,
         "tools": base.tools + tools,
         "rules": base.rules + rules,
-        "exemplars": base.exemplars + demos,
+        "exemplars": base.exemplars + tuple(demos),
     }
     return base.model_copy(update=update)
 

@@ -76,6 +76,11 @@ def test_a_policy_shows_its_exemplars_and_they_are_part_of_its_version() -> None
     assert "Solved examples" in text and "Task: Find the coin in house 2." in text
     assert "Actions: act: move north; act: take coin" in text and "house 1" not in text
     assert system_prompt(()) == system_prompt((), ())  # no exemplars: the prompt is as it was
+    bigger = exemplar_skill(
+        FAMILY, pick_demos(FAMILY, [_win(1, ["take coin"]), _win(3, ["move east", "take coin"])], 8), "e", 2
+    ).model_copy(update={"name": "coin-exemplars-2"})
+    both = policy_with(base, [skill, bigger])  # two live sets share house 1: shown once
+    assert [d.description for d in both.exemplars] == [f"Find the coin in house {n}." for n in (1, 2, 3)]
 
 
 def test_sets_merge_only_when_they_show_the_same_tasks(tmp_path: Path) -> None:
