@@ -370,8 +370,10 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
         except subprocess.TimeoutExpired:
             return True
         return False
-    try:
-        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+    try:  # poll, not select: select refuses descriptors past 1023, which a long run reaches
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        ready = poller.poll(timeout_s * 1000)
     finally:
         os.close(pidfd)
     if ready:

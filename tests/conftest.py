@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -35,6 +36,22 @@ def _config_file_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> None:
     from ratchet.config import CONFIG_ENV
 
     monkeypatch.delenv(CONFIG_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _chroma_indexes_are_released() -> Any:
+    """Chroma keeps every opened index's system (sqlite and HNSW files) for the process's
+    life. A run opens a few; a test session opens hundreds of temporary ones, and past 1,023
+    open descriptors `select()` (py4j's, for TextWorldExpress) fails. Stop the systems a
+    test opened when it ends; those of longer-lived fixtures were opened before it began."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    before = set(SharedSystemClient._identifier_to_system)
+    yield
+    for key in set(SharedSystemClient._identifier_to_system) - before:
+        system = SharedSystemClient._identifier_to_system.pop(key)
+        SharedSystemClient._identifier_to_refcount.pop(key, None)
+        system.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -425,3 +425,21 @@ def test_toolbox_call_fails_with_the_one_line_reason(unprobed: pytest.MonkeyPatc
     )
     result = asyncio.run(tool.run({}))
     assert [c.text for c in result.content] == [NOT_FOUND]
+
+
+def test_a_tool_runs_when_the_process_holds_over_a_thousand_descriptors() -> None:
+    """A long run (the loop, a test session) holds many files and sockets; waiting on the
+    sandboxed child must not depend on how high its descriptor's number is."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip("the hard descriptor limit is below 1100")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        assert run_tool("def run(a):\n    return a + 1\n", {"a": 1}).value == 2
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
