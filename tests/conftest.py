@@ -51,7 +51,10 @@ def _chroma_indexes_are_released() -> Any:
     for key in set(SharedSystemClient._identifier_to_system) - before:
         system = SharedSystemClient._identifier_to_system.pop(key)
         SharedSystemClient._identifier_to_refcount.pop(key, None)
-        system.stop()
+        try:
+            system.stop()
+        except Exception:  # noqa: BLE001 - a system that failed to start (a corrupt index) holds nothing
+            pass
 
 
 @pytest.fixture(autouse=True)
