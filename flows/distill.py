@@ -42,7 +42,7 @@ from ratchet.skills.exemplars import exemplar_skill, pick_demos
 from ratchet.skills.format import Skill, SkillKind, render
 from ratchet.skills.library import AddResult
 from ratchet.skills.mining import mine_patterns
-from ratchet.skills.rule_mining import MinedRule, mine_rules
+from ratchet.skills.rule_mining import MinedRule, mine_rules, raw_observation
 from ratchet.skills.screen import Screen
 from ratchet.types import Diagnosis, Trajectory, family_of
 
@@ -88,8 +88,8 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
     teacher = rt.teacher if s.distill.teacher else None
     distiller, toolsmith = build_distiller(teacher), build_toolsmith(teacher)
     configured = bool(s.teacher.endpoint or s.teacher.name)  # not the policy's own model
-    use = teacher is not None and configured and s.distill.teacher_rules
-    proposer = build_rule_proposer(teacher) if use and teacher is not None else None
+    wanted = configured and s.distill.teacher_rules
+    proposer = build_rule_proposer(teacher) if teacher is not None and wanted else None
     out = DistillResult()
     jobs: list[tuple[str, Any, dict[str, Any]]] = []
     rules: list[Skill] = []
@@ -239,7 +239,8 @@ def rule_job(family: str, trajs: list[Trajectory], diagnoses: list[Diagnosis]) -
     if not diags:
         return None
     actions = [a for t in trajs for _, a in action_path(t)]
-    seen = [s.observation for t in trajs for s in t.steps]
+    # what `when` is matched against in the actor: the observation without the options text
+    seen = [o for t in trajs for st in t.steps if (o := raw_observation(t, st.index)) is not None]
     return RuleJob(family, diags, actions, seen)
 
 

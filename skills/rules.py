@@ -140,7 +140,7 @@ def bind_to_menu(tools: Sequence[ToolSpec]) -> list[ToolSpec]:
     template into an action on this step's menu (the enumerated actions of the other tools);
     a tool with such a parameter and no value is dropped. The annotation is removed, so
     what reaches an endpoint is plain JSON schema."""
-    menu = [e for t in tools for e in _entries(t) if _enum(t)[0] is not None]
+    menu = [e for t in tools if _enum(t)[0] is not None for e in _entries(t)]
     out: list[ToolSpec] = []
     for tool in tools:
         props = tool.parameters.get("properties", {})
