@@ -30,7 +30,7 @@ from langgraph.runtime import Runtime
 
 from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
-from ratchet.skills.rules import Tried, bind_to_menu, call_text, constrain_tools, normal
+from ratchet.skills.rules import Tried, bind_to_menu, call_text, constrain_tools, menu_entries, normal
 from ratchet.suites.base import ActionError, Episode, StepResult
 from ratchet.types import TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
 
@@ -89,14 +89,10 @@ class RolloutContext:
     def tool_defs(self, step: Step | None = None) -> list[dict[str, Any]]:
         """The environment's tools of this step, then the policy's, narrowed by the policy's
         rules (which fired is recorded on `step`)."""
-        tools, fired = constrain_tools(
-            bind_to_menu([*self.episode.tools(), *self.policy.tools]),
-            self.policy.rules,
-            self.observation,
-            self.tried,
-        )
+        offered = bind_to_menu([*self.episode.tools(), *self.policy.tools])
+        tools, fired = constrain_tools(offered, self.policy.rules, self.observation, self.tried)
         if step is not None:
-            step.rules = fired
+            step.rules, step.menu = fired, menu_entries(offered)
         return [t.to_openai() for t in tools]
 
     def prompt_record(self, task: str, first_observation: str) -> PromptRecord:

@@ -35,6 +35,7 @@ from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
 from ratchet.skills.format import Skill
 from ratchet.skills.intervention import GateDecision, PairedOutcome, sequential_gate
+from ratchet.skills.replay import replay, replayed, rules_only
 from ratchet.types import Policy, Task
 
 BASELINE = "baseline"
@@ -49,6 +50,7 @@ class Verdict:
     status: str  # where the candidate ended: verified, promoted, rejected (or candidate if undecided)
     dev_tasks: list[str] = field(default_factory=list)
     rollouts: int = 0  # candidate-arm rollouts it cost (the shared baseline arm not counted)
+    replayed: int = 0  # dev tasks its arm was replayed on instead of played (skills.replay)
 
 
 @dataclass
@@ -67,6 +69,7 @@ class VerifyResult:
             "verify_candidates": len(self.verdicts),
             **{f"verify_{s}": by.get(s, 0) for s in ("verified", "promoted", "rejected")},
             "verify_candidate_rollouts": sum(v.rollouts for v in self.verdicts),
+            "verify_replayed": sum(v.replayed for v in self.verdicts),
             "verify_baseline_rollouts": self.baseline_rollouts,
         }
 
@@ -77,7 +80,7 @@ def arm_name(skill: Skill) -> str:
 
 def gate_config(s: Settings, dev_tasks: int) -> GateSettings:
     """The gate's settings for a dev split of `dev_tasks` tasks (its budget is capped by it)."""
-    fields = s.verify.model_dump(exclude={"promotion"})
+    fields = s.verify.model_dump(exclude={"promotion", "replay"})
     return GateSettings(**fields | {"max_tasks": min(s.verify.max_tasks, dev_tasks)})
 
 
@@ -107,11 +110,13 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     verified = list(pending)
     p_of = {v.name: _last_p(rt, v.name) for v in verified}
     for c in candidates:
-        d, outcomes = gates.decisions[c.name], gates.outcomes[c.name]
-        evidence = gate_evidence(d, champion, trials[c.name][0], outcomes)
+        d, outcomes, skipped = gates.decisions[c.name], gates.outcomes[c.name], gates.replayed.get(c.name, 0)
+        evidence = gate_evidence(d, champion, trials[c.name][0], outcomes, skipped)
         to = "verified" if d.decision == "accept" else "rejected"
         rt.library.transition(c.name, to, who=who, why=d.reason, evidence=evidence, expect="candidate")
-        result.verdicts.append(Verdict(c.name, c.kind, c.family, d, to, evidence["dev_tasks"], len(outcomes)))
+        played = len(outcomes) - skipped
+        dev_tasks = evidence["dev_tasks"]
+        result.verdicts.append(Verdict(c.name, c.kind, c.family, d, to, dev_tasks, played, skipped))
         if to == "verified":
             verified.append(c)
             p_of[c.name] = d.p_value
@@ -133,6 +138,7 @@ class Gates:
     decisions: dict[str, GateDecision]
     outcomes: dict[str, list[PairedOutcome]]
     baseline_rollouts: int
+    replayed: dict[str, int] = field(default_factory=dict)  # per trial: dev tasks replayed, not played
 
 
 def run_gates(
@@ -145,7 +151,9 @@ def run_gates(
     """Gate every trial (a policy and its dev tasks) against `champion`, one look at a time.
 
     All open trials advance together so their rollouts batch on the server; the baseline arm
-    (the champion on a dev task) is played once and shared by every trial that needs it."""
+    (the champion on a dev task) is played once and shared by every trial that needs it.
+    Under greedy decoding a trial that only adds rules is replayed on the baseline first, and
+    played only on the tasks where its rules could change a call (`skills.replay`)."""
     s = rt.settings
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
@@ -155,15 +163,21 @@ def run_gates(
     def slot(task: Task, arm: str) -> RolloutSlot:
         return RolloutSlot(s.evolution, generation, task, 0, arm)
 
+    replayable = {
+        name
+        for name, (policy, _) in trials.items()
+        if s.verify.replay and s.evaluate.temperature == 0 and rules_only(champion, policy)
+    }
     open_ = dict(trials)
     outcomes: dict[str, list[PairedOutcome]] = defaultdict(list)
     decisions: dict[str, GateDecision] = {}
+    replayed: dict[str, int] = defaultdict(int)
     baseline: set[str] = set()
     look = 0
     while open_:
         items: list[tuple[RolloutSlot, Policy]] = []
         batch: dict[str, list[Task]] = {}
-        for name, (policy, tasks) in open_.items():
+        for name, (_, tasks) in open_.items():
             step = gate_config(s, len(tasks)).look_every
             batch[name] = tasks[look * step : (look + 1) * step]
             for task in batch[name]:
@@ -171,7 +185,16 @@ def run_gates(
                 if base.id not in baseline:
                     baseline.add(base.id)
                     items.append((base, champion))
-                items.append((slot(task, arm_of[name]), policy))
+        if replayable & open_.keys():  # the replay needs the baseline's trajectories first
+            play(rt, items, settings_for, "verify")
+            items = []
+        for name, (policy, _) in open_.items():
+            for task in batch[name]:
+                arm = slot(task, arm_of[name])
+                if name in replayable and _replay(rt, slot(task, BASELINE), arm, champion, policy):
+                    replayed[name] += 1
+                else:
+                    items.append((arm, policy))
         play(rt, items, settings_for, "verify")
         for name, (_, tasks) in list(open_.items()):
             for task in batch[name]:
@@ -182,7 +205,25 @@ def run_gates(
                 decisions[name] = decision
                 del open_[name]
         look += 1
-    return Gates(decisions, dict(outcomes), len(baseline))
+    return Gates(decisions, dict(outcomes), len(baseline), dict(replayed))
+
+
+def _replay(rt: LoopRuntime, base: RolloutSlot, arm: RolloutSlot, champion: Policy, policy: Policy) -> bool:
+    """Store `arm`'s trajectory as the baseline's replayed under the policy's rules, if they
+    change no call of it; False when the arm must be played. An arm already stored (played
+    by an earlier run, or replayed) is left as it is."""
+    t = rt.store.get(arm.id)
+    if t is not None and t.status == "finished" and t.policy_version == policy.version:
+        return t.replayed_from is not None
+    recorded = rt.store.get(base.id)
+    if recorded is None:
+        return False
+    # ratchet's own server does not show enum values in the prompt; another endpoint may
+    fired = replay(recorded, champion.rules, policy.rules, same_choice=not rt.settings.model.endpoint)
+    if fired is None:
+        return False
+    rt.store.put(replayed(recorded, fired, arm.id, arm.arm, policy))
+    return True
 
 
 def _last_p(rt: LoopRuntime, name: str) -> float:
@@ -222,7 +263,7 @@ def _interaction_check(
     status = {v.skill: v for v in result.verdicts}
     for name in sorted(names - {keep}):
         why = f"conflicts in combination (kept {keep}): {d.reason}"
-        evidence = gate_evidence(d, champion, together, gates.outcomes["set"])
+        evidence = gate_evidence(d, champion, together, gates.outcomes["set"], gates.replayed.get("set", 0))
         rt.library.transition(name, "rejected", who=who, why=why, evidence=evidence, expect="verified")
         if name in status:
             status[name].status = "rejected"
@@ -235,7 +276,7 @@ def _won(rt: LoopRuntime, slot: RolloutSlot) -> bool:
 
 
 def gate_evidence(
-    d: GateDecision, champion: Policy, arm: Policy, outcomes: list[PairedOutcome]
+    d: GateDecision, champion: Policy, arm: Policy, outcomes: list[PairedOutcome], replayed: int = 0
 ) -> dict[str, Any]:
     return {
         "decision": d.decision,
@@ -246,7 +287,8 @@ def gate_evidence(
         "p_value": d.p_value,
         "looks": d.looks,
         "tasks": d.tasks,
-        "rollouts": 2 * len(outcomes),
+        "rollouts": 2 * len(outcomes) - replayed,
+        "replayed": replayed,
         "champion": champion.version,
         "arm": arm.version,
         "dev_tasks": [o.task_id for o in outcomes],

@@ -173,6 +173,11 @@ class VerifySettings(GateSettings):
     promotion: Literal["auto", "manual"] = Field(
         default="auto", description="auto: verified candidates go live at once; manual: a person promotes"
     )
+    replay: bool = Field(
+        default=True,
+        description="greedy arms: a candidate that only adds rules is not played on a dev task its rules "
+        "cannot change (the baseline is replayed under them: skills/replay.py)",
+    )
 
 
 class EvolveSettings(Section):

@@ -69,6 +69,10 @@ class Step(BaseModel):
     completion_tokens: int = 0
     seconds: float = 0.0
     rules: list[str] = Field(default_factory=list, description="the policy's rules that narrowed the menu")
+    menu: list[str] | None = Field(
+        default=None,
+        description="tools offered before the policy's rules (`skills.rules.menu_entries`); None: unknown",
+    )
 
 
 class PromptRecord(BaseModel):
@@ -95,6 +99,10 @@ class Trajectory(BaseModel):
     split: Split
     rollout: int
     arm: str = Field(default="", description="A/B arm of a verify rollout ('' outside verify)")
+    replayed_from: str | None = Field(
+        default=None,
+        description="not played: the baseline this arm would repeat call for call (`skills.replay`)",
+    )
     seed: int = Field(description="sampling seed of this rollout")
     policy_version: str
     kind: Literal["agent", "expert"] = "agent"

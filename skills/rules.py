@@ -171,12 +171,30 @@ def tool_entry(tool: str, has_args: bool = True) -> str:
     return f"{normal(tool)}: {WILDCARD}" if has_args else normal(tool)
 
 
-def _entries(tool: ToolSpec) -> list[str]:
-    """The tool's menu entries: one per valid value of its enum, else one for the whole tool."""
+def menu_entries(tools: Sequence[ToolSpec]) -> list[str]:
+    """The step's menu as the model was offered it, before any rule: `tool: value` per valid
+    value of an enumerated tool, `tool: *` (or the bare name) per other tool, values as the
+    environment spelled them (`normal` gives the form rules compare in). Recorded on every
+    step (`Step.menu`) so a trajectory can be replayed under other rules (`skills.replay`)."""
+    return [e for t in tools for e in _raw_entries(t)]
+
+
+def _raw_entries(tool: ToolSpec) -> list[str]:
     key, values = _enum(tool)
     if key is None:
-        return [tool_entry(tool.name, bool(tool.parameters.get("properties")))]
-    return [f"{normal(tool.name)}: {normal(v)}" for v in values]
+        return [f"{tool.name}: {WILDCARD}" if tool.parameters.get("properties") else tool.name]
+    return [f"{tool.name}: {v}" for v in values]
+
+
+def normal_entry(entry: str) -> str:
+    """A menu entry in the form rules compare in: `tool: value`, each part in normal form."""
+    tool, sep, value = entry.partition(": ")
+    return f"{normal(tool)}: {normal(value)}" if sep else normal(entry)
+
+
+def _entries(tool: ToolSpec) -> list[str]:
+    """The tool's menu entries: one per valid value of its enum, else one for the whole tool."""
+    return [normal_entry(e) for e in _raw_entries(tool)]
 
 
 def _enum(tool: ToolSpec) -> tuple[str | None, list[Any]]:

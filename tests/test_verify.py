@@ -7,6 +7,8 @@ candidate's true effect is known. The real engine's A/A test belongs to the inte
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +69,29 @@ def _verify(rt: LoopRuntime) -> Any:
     return verify_stage(rt, 0)
 
 
-@pytest.fixture
-def runtime(tmp_path: Path):  # type: ignore[no-untyped-def]
+@contextmanager
+def scripted_runtime(tmp_path: Path, **overrides: Any) -> Iterator[LoopRuntime]:
+    """A loop runtime on 16 chain_sum dev tasks whose model is the scripted policy above."""
     settings = load_settings(
         {"data_dir": tmp_path, "suite": FAMILY, "splits.dev": 16, "verify.look_every": 8, "concurrency": 4}
+        | overrides
     )
     suite = get_suite(settings.suite)
     llm = ScriptedChatModel(script=_policy(_gold(suite, 16)))
     store = open_store(settings.trajectories_db)
     rt = LoopRuntime(settings, suite, store, base_url="", actor=build_actor(llm))
     rt.library = SkillLibrary(settings.skills_dir, settings.index_dir)
-    yield rt
-    store.close()
-    suite.close()
+    try:
+        yield rt
+    finally:
+        store.close()
+        suite.close()
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[LoopRuntime]:
+    with scripted_runtime(tmp_path) as rt:
+        yield rt
 
 
 def test_a_harmful_and_a_neutral_candidate_are_rejected_with_evidence(runtime: LoopRuntime) -> None:
