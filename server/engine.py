@@ -24,8 +24,9 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,13 @@ class Engine:
             "prompt_tokens": 0,
             "prefilled_tokens": 0,
             "prefill_slots": 0,  # rows x width of every prefill forward: prefilled tokens plus padding
+            # where the worker's time goes (bench/profile_generation.py): the model's forwards,
+            # grammar masks and matching, and KV bookkeeping (prefix cache, merging rows in and out)
+            "busy_seconds": 0.0,
+            "prefill_seconds": 0.0,
+            "decode_seconds": 0.0,
+            "grammar_seconds": 0.0,
+            "kv_seconds": 0.0,
         }
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._queue: queue.Queue[GenRequest] = queue.Queue()
@@ -199,7 +207,7 @@ class Engine:
                     pending.append(item)
             except queue.Empty:
                 pass
-            with self._lock:
+            with self._lock, self._clock("busy_seconds"):
                 try:
                     batch = self._admit(batch, pending)
                     if batch is not None:
@@ -241,7 +249,18 @@ class Engine:
                 req.future.set_exception(exc)
             return batch
         self.stats["requests"] += len(take)
-        return new if batch is None else _merge(batch, new)
+        if batch is None:
+            return new
+        with self._clock("kv_seconds"):
+            return _merge(batch, new)
+
+    @contextmanager
+    def _clock(self, key: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats[key] += time.perf_counter() - started
 
     def _adapter(self, adapter: str | None) -> Any:
         if not hasattr(self.model, "disable_adapter"):
@@ -251,22 +270,25 @@ class Engine:
         self.model.set_adapter(adapter)
         return nullcontext()
 
+    def _row(self, r: GenRequest) -> _Row:
+        matcher = xgr.GrammarMatcher(r.grammar) if r.grammar is not None else None
+        # Jump-forward: text the grammar forces at the start, e.g. '{"name":"act","arguments":
+        # {"action":"', is prefilled with the prompt instead of decoded token by token.
+        text = matcher.find_jump_forward_string() if matcher is not None else ""
+        if text:
+            matcher.accept_string(text)
+        forced = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        gen = torch.Generator()
+        gen.manual_seed(r.seed if r.seed is not None else torch.seed())
+        return _Row(req=r, matcher=matcher, gen=gen, out_ids=list(forced), n_forced=len(forced))
+
     @torch.inference_mode()
     def _start(self, reqs: list[GenRequest], adapter: str | None) -> _Batch:
-        rows = []
-        for r in reqs:
-            matcher = xgr.GrammarMatcher(r.grammar) if r.grammar is not None else None
-            # Jump-forward: text the grammar forces at the start, e.g. '{"name":"act","arguments":
-            # {"action":"', is prefilled with the prompt instead of decoded token by token.
-            text = matcher.find_jump_forward_string() if matcher is not None else ""
-            if text:
-                matcher.accept_string(text)
-            forced = self.tokenizer.encode(text, add_special_tokens=False) if text else []
-            gen = torch.Generator()
-            gen.manual_seed(r.seed if r.seed is not None else torch.seed())
-            rows.append(_Row(req=r, matcher=matcher, gen=gen, out_ids=list(forced), n_forced=len(forced)))
+        with self._clock("grammar_seconds"):
+            rows = [self._row(r) for r in reqs]
         prompts = [row.req.prompt_ids + row.out_ids for row in rows]
-        hits = [self.prefix_cache.lookup(adapter, p) for p in prompts]
+        with self._clock("kv_seconds"):
+            hits = [self.prefix_cache.lookup(adapter, p) for p in prompts]
         new = [len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)]
         groups = prefill_groups(new) if self.group_prefill else [list(range(len(rows)))]
         batch: _Batch | None = None
@@ -274,7 +296,8 @@ class Engine:
             for group in groups:
                 part = self._prefill([prompts[i] for i in group], [hits[i] for i in group], adapter)
                 done = _Batch(adapter, [rows[i] for i in group], *part)
-                batch = done if batch is None else _merge(batch, done)
+                with self._clock("kv_seconds"):
+                    batch = done if batch is None else _merge(batch, done)
         assert batch is not None
         return batch
 
@@ -291,18 +314,9 @@ class Engine:
         n = len(prompts)
         past = max(m for m, _ in hits)
         width = max(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
-        cache = DynamicCache()
+        with self._clock("kv_seconds"):
+            cache = _past_cache(hits, past)
         attn = torch.zeros((n, past + width), dtype=torch.long)
-        if past:
-            ref = next(kv for _, kv in hits if kv is not None)
-            for layer, (ref_k, ref_v) in enumerate(ref):
-                keys = ref_k.new_zeros((n, ref_k.shape[1], past, ref_k.shape[3]))
-                values = ref_v.new_zeros((n, ref_v.shape[1], past, ref_v.shape[3]))
-                for i, (m, kv) in enumerate(hits):
-                    if kv is not None:
-                        keys[i, :, past - m :] = kv[layer][0][0]
-                        values[i, :, past - m :] = kv[layer][1][0]
-                cache.update(keys, values, layer)
         input_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
         positions = torch.zeros((n, width), dtype=torch.long)
         for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
@@ -311,23 +325,25 @@ class Engine:
             attn[i, past + width - len(new) :] = 1
             input_ids[i, width - len(new) :] = torch.tensor(new)
             positions[i, width - len(new) :] = torch.arange(m, len(p))
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attn,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
-            cols = torch.cat(
-                [torch.arange(past - m, past), torch.arange(past + width - (len(p) - m), past + width)]
+        with self._clock("prefill_seconds"):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attn,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
             )
-            kv = [
-                (lay.keys[i : i + 1, :, cols].clone(), lay.values[i : i + 1, :, cols].clone())
-                for lay in cache.layers
-            ]
-            self.prefix_cache.store(adapter, p, kv)
+        with self._clock("kv_seconds"):
+            for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
+                cols = torch.cat(
+                    [torch.arange(past - m, past), torch.arange(past + width - (len(p) - m), past + width)]
+                )
+                kv = [
+                    (lay.keys[i : i + 1, :, cols].clone(), lay.values[i : i + 1, :, cols].clone())
+                    for lay in cache.layers
+                ]
+                self.prefix_cache.store(adapter, p, kv)
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["prefilled_tokens"] += sum(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
         self.stats["prefill_slots"] += n * width
@@ -341,11 +357,12 @@ class Engine:
         self.stats["largest_batch"] = max(self.stats["largest_batch"], n)
         logits = b.logits[:, : self.vocab_size]
         if any(row.matcher is not None for row in b.rows):
-            bitmask = xgr.allocate_token_bitmask(n, self.vocab_size)
-            for i, row in enumerate(b.rows):
-                if row.matcher is not None:
-                    row.matcher.fill_next_token_bitmask(bitmask, i)
-            xgr.apply_token_bitmask_inplace(logits, bitmask)
+            with self._clock("grammar_seconds"):
+                bitmask = xgr.allocate_token_bitmask(n, self.vocab_size)
+                for i, row in enumerate(b.rows):
+                    if row.matcher is not None:
+                        row.matcher.fill_next_token_bitmask(bitmask, i)
+                xgr.apply_token_bitmask_inplace(logits, bitmask)
         greedy = logits.argmax(-1)
         temps = torch.tensor([max(row.req.temperature, 1e-5) for row in b.rows])
         probs = (
@@ -387,12 +404,18 @@ class Engine:
         if not keep:
             return None
         if len(keep) < n:
-            idx = torch.tensor(keep, dtype=torch.long)
-            b.cache.batch_select_indices(idx)
-            b.rows, b.attn, b.pos, tokens = [b.rows[i] for i in keep], b.attn[idx], b.pos[idx], tokens[idx]
-            _trim_left(b)
+            with self._clock("kv_seconds"):
+                idx = torch.tensor(keep, dtype=torch.long)
+                b.cache.batch_select_indices(idx)
+                b.rows, b.attn, b.pos, tokens = (
+                    [b.rows[i] for i in keep],
+                    b.attn[idx],
+                    b.pos[idx],
+                    tokens[idx],
+                )
+                _trim_left(b)
         b.attn = torch.cat([b.attn, torch.ones((len(keep), 1), dtype=torch.long)], dim=1)
-        with self._adapter(b.adapter):
+        with self._adapter(b.adapter), self._clock("decode_seconds"):
             out = self.model(
                 input_ids=tokens[:, None],
                 attention_mask=b.attn,
@@ -450,6 +473,24 @@ class _Batch:
     attn: torch.Tensor  # [rows, width] 1 where a cache column belongs to the row
     pos: torch.Tensor  # [rows] position of each row's next token
     logits: torch.Tensor  # [rows, vocab] for each row's next token
+
+
+def _past_cache(hits: list[tuple[int, Any]], past: int) -> DynamicCache:
+    """A batch cache holding each row's cached prefix, right-aligned to `past` columns."""
+    cache = DynamicCache()
+    if not past:
+        return cache
+    n = len(hits)
+    ref = next(kv for _, kv in hits if kv is not None)
+    for layer, (ref_k, ref_v) in enumerate(ref):
+        keys = ref_k.new_zeros((n, ref_k.shape[1], past, ref_k.shape[3]))
+        values = ref_v.new_zeros((n, ref_v.shape[1], past, ref_v.shape[3]))
+        for i, (m, kv) in enumerate(hits):
+            if kv is not None:
+                keys[i, :, past - m :] = kv[layer][0][0]
+                values[i, :, past - m :] = kv[layer][1][0]
+        cache.update(keys, values, layer)
+    return cache
 
 
 def _merge(a: _Batch, b: _Batch) -> _Batch:

@@ -150,3 +150,38 @@ def test_grouped_prefill_pads_less_and_answers_the_same(base_model_dir, engines)
         finally:
             engine.close()
     assert slots[True] * 2 < slots[False]
+
+
+def test_the_worker_accounts_for_its_time_by_part(base_model_dir):
+    """bench/profile_generation.py reads these clocks: each part must be counted once, inside
+    the worker's busy time, and a grammar-constrained request must show grammar time."""
+    import json
+
+    from ratchet.server.engine import Engine, GenRequest
+
+    engine = Engine(base_model_dir)
+    try:
+        tok = engine.tokenizer
+        schema = {"type": "object", "properties": {"a": {"enum": ["north", "south"]}}, "required": ["a"]}
+        grammar = engine.compile_json_schema(json.dumps(schema))
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": "Which way?"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        futures = [
+            engine.submit(GenRequest(prompt_ids=prompt, max_tokens=12, temperature=0, grammar=grammar))
+        ]
+        futures += [
+            engine.submit(GenRequest(prompt_ids=prompt + [i + 100], max_tokens=5, temperature=0))
+            for i in range(2)
+        ]
+        for f in futures:
+            f.result()
+        s = engine.stats
+        parts = ("prefill_seconds", "decode_seconds", "grammar_seconds", "kv_seconds")
+        assert all(s[k] > 0 for k in parts)
+        assert sum(s[k] for k in parts) <= s["busy_seconds"]
+    finally:
+        engine.close()
