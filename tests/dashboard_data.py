@@ -93,7 +93,8 @@ def build(data_dir: Path) -> Built:
     won = traj(["look around", "take coin"], success=True, tid="t-win")
     won.steps[1].rules = ["coin-prefer-take-coin"]  # a rule narrowed the menu to `take coin`
     lost = traj(["inventory", "inventory"], success=False, tid="t-lost")
-    for t in (won, lost):
+    copy = won.model_copy(update={"id": "t-replayed", "arm": "cand-x", "replayed_from": "t-win"})
+    for t in (won, lost, copy):
         store.put(t.model_copy(update={"evolution": "nightly", "generation": 1}))
     store.close()
 

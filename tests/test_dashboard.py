@@ -80,6 +80,13 @@ def test_trajectory_viewer_shows_each_step(client: TestClient) -> None:
     assert 'href="/skills/coin-prefer-take-coin"' in rules and html.index(rules) > html.index("look around")
 
 
+def test_a_replayed_arm_says_so_and_links_the_rollout_it_repeats(client: TestClient) -> None:
+    html = client.get("/trajectories/t-replayed").text
+    (note,) = re.findall(r'<p class="note">.*?</p>', html, flags=re.S)
+    assert "Not played" in note and 'href="/trajectories/t-win"' in note
+    assert "Not played" not in client.get("/trajectories/t-win").text
+
+
 def test_bad_addresses_get_one_line_and_the_fix(client: TestClient) -> None:
     r = client.get("/?evolution=nope")
     assert r.status_code == 404 and "no evolution &#39;nope&#39;" in r.text and "known: nightly" in r.text
