@@ -34,8 +34,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import xgrammar as xgr
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ratchet.server.kv_cache import GrowingCache, spare
 from ratchet.server.prefix_cache import PrefixCache
 
 log = logging.getLogger("ratchet.server")
@@ -77,11 +78,15 @@ class Engine:
         batch_wait_s: float = 0.01,
         prefix_cache_tokens: int = 32_768,
         group_prefill: bool = True,
+        compact_share: float = 0.5,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.group_prefill = group_prefill  # False: one padded forward for all (bench/prefill_groups.py)
+        # finished rows ride along until the next admission, or until they are this share of
+        # the batch (0: copied out at once, as before; bench/kv_append.py)
+        self.compact_share = compact_share
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -225,7 +230,7 @@ class Engine:
 
     def _admit(self, batch: _Batch | None, pending: deque[GenRequest]) -> _Batch | None:
         """Move waiting requests for the batch's adapter into it (prefilled), up to max_batch."""
-        room = self.max_batch - (len(batch.rows) if batch else 0)
+        room = self.max_batch - (sum(row.finish is None for row in batch.rows) if batch else 0)
         if room <= 0 or not pending:
             return batch
         adapter = pending[0].adapter
@@ -303,7 +308,7 @@ class Engine:
 
     def _prefill(
         self, prompts: list[list[int]], hits: list[tuple[int, Any]], adapter: str | None
-    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[GrowingCache, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One batched forward over what the prefix cache does not already hold (`hits`: each
         prompt's cached prefix length and its keys and values).
 
@@ -315,7 +320,7 @@ class Engine:
         past = max(m for m, _ in hits)
         width = max(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
         with self._clock("kv_seconds"):
-            cache = _past_cache(hits, past)
+            cache = _past_cache(hits, past, room=width)
         attn = torch.zeros((n, past + width), dtype=torch.long)
         input_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
         positions = torch.zeros((n, width), dtype=torch.long)
@@ -339,10 +344,7 @@ class Engine:
                 cols = torch.cat(
                     [torch.arange(past - m, past), torch.arange(past + width - (len(p) - m), past + width)]
                 )
-                kv = [
-                    (lay.keys[i : i + 1, :, cols].clone(), lay.values[i : i + 1, :, cols].clone())
-                    for lay in cache.layers
-                ]
+                kv = [(lay.keys[i : i + 1, :, cols], lay.values[i : i + 1, :, cols]) for lay in cache.layers]
                 self.prefix_cache.store(adapter, p, kv)
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["prefilled_tokens"] += sum(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
@@ -352,26 +354,32 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self, b: _Batch) -> _Batch | None:
-        """Sample one token for every row, answer finished rows, feed the rest one step."""
+        """Sample one token for every live row, answer finished rows, feed the batch one step.
+
+        A finished row is answered at once but its cache is not copied out then: it rides
+        along (fed a pad token, its logits ignored) until the next admission rebuilds the
+        cache without it, one copy for both, or until `compact_share` of the rows are finished."""
+        live = [i for i, row in enumerate(b.rows) if row.finish is None]
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(live))
         n = len(b.rows)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], n)
         logits = b.logits[:, : self.vocab_size]
-        if any(row.matcher is not None for row in b.rows):
+        if any(b.rows[i].matcher is not None for i in live):
             with self._clock("grammar_seconds"):
                 bitmask = xgr.allocate_token_bitmask(n, self.vocab_size)
-                for i, row in enumerate(b.rows):
-                    if row.matcher is not None:
-                        row.matcher.fill_next_token_bitmask(bitmask, i)
+                for i in live:
+                    if (matcher := b.rows[i].matcher) is not None:
+                        matcher.fill_next_token_bitmask(bitmask, i)
                 xgr.apply_token_bitmask_inplace(logits, bitmask)
         greedy = logits.argmax(-1)
         temps = torch.tensor([max(row.req.temperature, 1e-5) for row in b.rows])
         probs = (
             torch.softmax(logits / temps[:, None], dim=-1)
-            if any(r.req.temperature > 0 for r in b.rows)
+            if any(b.rows[i].req.temperature > 0 for i in live)
             else None
         )
-        tokens = torch.zeros(n, dtype=torch.long)
-        for i, row in enumerate(b.rows):
+        tokens = torch.full((n,), self.tokenizer.pad_token_id, dtype=torch.long)
+        for i in live:
+            row = b.rows[i]
             req, m = row.req, row.matcher
             tok = (
                 int(greedy[i])
@@ -400,10 +408,10 @@ class Engine:
                         grammar_complete=row.complete,
                     )
                 )
-        keep = [i for i, row in enumerate(b.rows) if row.finish is None]
+        keep = [i for i in live if b.rows[i].finish is None]
         if not keep:
             return None
-        if len(keep) < n:
+        if len(keep) < n and n - len(keep) >= self.compact_share * n:  # stop computing for them
             with self._clock("kv_seconds"):
                 idx = torch.tensor(keep, dtype=torch.long)
                 b.cache.batch_select_indices(idx)
@@ -414,7 +422,8 @@ class Engine:
                     tokens[idx],
                 )
                 _trim_left(b)
-        b.attn = torch.cat([b.attn, torch.ones((len(keep), 1), dtype=torch.long)], dim=1)
+        n = len(b.rows)
+        b.attn = torch.cat([b.attn, torch.ones((n, 1), dtype=torch.long)], dim=1)
         with self._adapter(b.adapter), self._clock("decode_seconds"):
             out = self.model(
                 input_ids=tokens[:, None],
@@ -469,62 +478,78 @@ class _Batch:
 
     adapter: str | None
     rows: list[_Row]
-    cache: DynamicCache
+    cache: GrowingCache
     attn: torch.Tensor  # [rows, width] 1 where a cache column belongs to the row
     pos: torch.Tensor  # [rows] position of each row's next token
     logits: torch.Tensor  # [rows, vocab] for each row's next token
 
 
-def _past_cache(hits: list[tuple[int, Any]], past: int) -> DynamicCache:
-    """A batch cache holding each row's cached prefix, right-aligned to `past` columns."""
-    cache = DynamicCache()
+def _past_cache(hits: list[tuple[int, Any]], past: int, room: int) -> GrowingCache:
+    """A batch cache holding each row's cached prefix, right-aligned to `past` columns, with
+    room for `room` more columns (the prefill's) and then some (the decode steps')."""
+    cache = GrowingCache()
     if not past:
         return cache
     n = len(hits)
     ref = next(kv for _, kv in hits if kv is not None)
     for layer, (ref_k, ref_v) in enumerate(ref):
-        keys = ref_k.new_zeros((n, ref_k.shape[1], past, ref_k.shape[3]))
-        values = ref_v.new_zeros((n, ref_v.shape[1], past, ref_v.shape[3]))
+        keys = ref_k.new_zeros((n, ref_k.shape[1], spare(past + room), ref_k.shape[3]))
+        values = ref_v.new_zeros((n, ref_v.shape[1], spare(past + room), ref_v.shape[3]))
         for i, (m, kv) in enumerate(hits):
             if kv is not None:
-                keys[i, :, past - m :] = kv[layer][0][0]
-                values[i, :, past - m :] = kv[layer][1][0]
-        cache.update(keys, values, layer)
+                keys[i, :, past - m : past] = kv[layer][0][0]
+                values[i, :, past - m : past] = kv[layer][1][0]
+        cache.adopt(layer, keys, values, past)
     return cache
 
 
 def _merge(a: _Batch, b: _Batch) -> _Batch:
-    """Append b's rows to a, left-padding whichever cache is narrower."""
-    width = max(a.attn.shape[1], b.attn.shape[1])
+    """The live rows of a, then b's, in a new cache: each row's used columns copied once,
+    right-aligned to the widest (finished rows of a and columns nobody uses are left out)."""
+    parts = [(x, [i for i, row in enumerate(x.rows) if row.finish is None]) for x in (a, b)]
+    firsts = [_first_used(x.attn[rows]) for x, rows in parts]
+    width = max(x.attn.shape[1] - first for (x, _), first in zip(parts, firsts, strict=True))
+    n = sum(len(rows) for _, rows in parts)
+    cache = GrowingCache()
+    for layer in range(len(a.cache.layers)):
+        kv = []
+        for kind in ("keys", "values"):
+            ref = getattr(a.cache.layers[layer], kind)
+            out = ref.new_empty((n, ref.shape[1], spare(width), ref.shape[3]))
+            j = 0
+            for (x, rows), first in zip(parts, firsts, strict=True):
+                src = getattr(x.cache.layers[layer], kind)
+                cols = x.attn.shape[1] - first
+                for i in rows:
+                    out[j, :, : width - cols] = 0  # left padding: masked, but never garbage (NaN * 0)
+                    out[j, :, width - cols : width] = src[i, :, first:]
+                    j += 1
+            kv.append(out)
+        cache.adopt(layer, kv[0], kv[1], width)
 
-    def pad_kv(t: torch.Tensor) -> torch.Tensor:  # [rows, heads, cols, dim]: zeros on the left of cols
-        return F.pad(t, (0, 0, width - t.shape[2], 0))
-
-    def pad(t: torch.Tensor) -> torch.Tensor:  # [rows, cols]
+    def pick(t: torch.Tensor, x: _Batch, rows: list[int], first: int) -> torch.Tensor:  # [rows, cols]
+        t = t[rows][:, first:]
         return F.pad(t, (width - t.shape[1], 0))
 
-    cache = DynamicCache()
-    for layer, (la, lb) in enumerate(zip(a.cache.layers, b.cache.layers, strict=True)):
-        cache.update(
-            torch.cat([pad_kv(la.keys), pad_kv(lb.keys)]),
-            torch.cat([pad_kv(la.values), pad_kv(lb.values)]),
-            layer,
-        )
     return _Batch(
         a.adapter,
-        a.rows + b.rows,
+        [x.rows[i] for x, rows in parts for i in rows],
         cache,
-        torch.cat([pad(a.attn), pad(b.attn)]),
-        torch.cat([a.pos, b.pos]),
-        torch.cat([a.logits, b.logits]),
+        torch.cat([pick(x.attn, x, rows, f) for (x, rows), f in zip(parts, firsts, strict=True)]),
+        torch.cat([x.pos[rows] for x, rows in parts]),
+        torch.cat([x.logits[rows] for x, rows in parts]),
     )
+
+
+def _first_used(attn: torch.Tensor) -> int:
+    """The first cache column any of these rows attends to."""
+    used = torch.nonzero(attn.any(dim=0))
+    return int(used[0]) if used.numel() else attn.shape[1]
 
 
 def _trim_left(b: _Batch) -> None:
     """Drop leading cache columns no remaining row uses (left over from rows that finished)."""
-    used = torch.nonzero(b.attn.any(dim=0))
-    first = int(used[0]) if used.numel() else 0
-    if first > 0:
-        for layer in b.cache.layers:
-            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+    first = _first_used(b.attn)
+    if 0 < first < b.attn.shape[1]:
+        b.cache.trim_left(first)
         b.attn = b.attn[:, first:]

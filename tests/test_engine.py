@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.integration
 
@@ -185,3 +186,38 @@ def test_the_worker_accounts_for_its_time_by_part(base_model_dir):
         assert sum(s[k] for k in parts) <= s["busy_seconds"]
     finally:
         engine.close()
+
+
+def test_batched_decoding_matches_transformers_generate(engines, base_model_dir):
+    """The engine's own decode loop (in-place KV cache, rows joining and leaving, finished
+    rows riding along until the next admission drops them, prefix cache) against
+    `model.generate` one prompt at a time: the same greedy tokens."""
+    from ratchet.server.engine import GenRequest
+
+    cached, _ = engines
+    tok, model = cached.tokenizer, cached.model
+    texts = [
+        "Name three colours.",
+        "You are in a kitchen. What do you do first?",
+        "Count to five.",
+        "Describe a lighthouse at night in two sentences.",
+        "What is a coin?",
+    ]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for t in texts
+    ]
+    sizes = [30, 6, 24, 12, 10]  # rows leave the batch at different steps
+
+    def submit(i: int):  # type: ignore[no-untyped-def]
+        return cached.submit(GenRequest(prompt_ids=prompts[i], max_tokens=sizes[i], temperature=0))
+
+    futures = [submit(i) for i in range(3)]
+    futures[1].result()  # one row finished while two still run: it rides along
+    futures += [submit(3), submit(4)]  # joining rows: the merge leaves the finished one out
+    for p, n, f in zip(prompts, sizes, futures, strict=True):
+        out = model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False)[0, len(p) :].tolist()
+        want = out[: out.index(tok.eos_token_id)] if tok.eos_token_id in out else out
+        assert f.result().token_ids == want

@@ -1,0 +1,147 @@
+"""Agent traffic through the embedded engine: the KV cache before and after it was reworked.
+
+The same workload as `bench/prefill_groups.py` (8 coin rollouts at once, each step's exact
+prompt and tool grammar, greedy, `--tokens` decoded per step). Three engines, interleaved
+`--rounds` times each in one process:
+
+* **before** — transformers' `DynamicLayer` behaviour, emulated on the same code path: every
+  update rebuilds the buffer at exactly its used size (copies every column of every row
+  and layer, as `torch.cat` does), and a finished row's cache is copied out at once;
+* **in place, eager** — keys and values in buffers with spare columns (a decode step writes
+  one column), finished rows still copied out at once;
+* **after** — what ships (`server/kv_cache.py`, `server/engine.py`): in place, and finished
+  rows ride along until the next admission drops them in the copy it makes anyway (or
+  until half the batch is finished).
+
+(The engine before also merged with pad-then-cat, one copy more than the one-copy merge
+all three use here, so the ratio slightly understates the change.)
+
+All answer with the same tokens (asserted). Reports the wall-time ratio and the engine's
+clocks by part (decode, KV bookkeeping).
+
+    .venv/bin/python bench/kv_append.py [--rollouts 16] [--steps 15] [--rounds 2]
+
+Writes bench/results/kv_append.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from prefill_groups import encode, episodes  # noqa: E402
+
+
+@contextmanager
+def concatenating() -> Iterator[None]:
+    """Make every KV update copy the whole cache, as `DynamicLayer`'s torch.cat does."""
+    from ratchet.server import kv_cache
+
+    update, spare_min, growth = kv_cache.GrowingLayer.update, kv_cache.SPARE_MIN, kv_cache.GROWTH
+
+    def copy_all(self: Any, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
+        self._published = None  # not ours any more: the next update rebuilds from keys/values
+        return update(self, key_states, value_states, *args, **kwargs)
+
+    kv_cache.GrowingLayer.update, kv_cache.SPARE_MIN, kv_cache.GROWTH = copy_all, 0, 0.0  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        kv_cache.GrowingLayer.update, kv_cache.SPARE_MIN, kv_cache.GROWTH = update, spare_min, growth  # type: ignore[method-assign]
+
+
+def play(
+    engine: Any, eps: list[list[tuple[list[int], Any]]], tokens: int, concurrency: int
+) -> tuple[float, list]:
+    """Wall seconds for every episode's steps, `concurrency` episodes in flight; the answers."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from queue import Queue
+
+    from ratchet.server.engine import GenRequest
+
+    todo: Queue[int] = Queue()
+    for i in range(len(eps)):
+        todo.put(i)
+    answers: dict[int, list[list[int]]] = {}
+
+    def worker() -> None:
+        while not todo.empty():
+            i = todo.get()
+            answers[i] = [
+                engine.generate(
+                    GenRequest(prompt_ids=ids, max_tokens=tokens, temperature=0, grammar=grammar)
+                ).token_ids
+                for ids, grammar in eps[i]
+            ]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for f in [pool.submit(worker) for _ in range(concurrency)]:
+            f.result()
+    return time.perf_counter() - started, [answers[i] for i in range(len(eps))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rollouts", type=int, default=16)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    from contextlib import nullcontext
+
+    from ratchet.server.engine import Engine
+    from ratchet.server.weights import ensure_hf_copy
+
+    model_dir = ensure_hf_copy(ROOT / ".ratchet" / "models")
+    requests = episodes(args.rollouts, args.steps)
+    variants = {"before": (True, 0.0), "in place, eager": (False, 0.0), "after": (False, 0.5)}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    answers: dict[str, list] = {}
+    for _ in range(args.rounds):
+        for name, (concat, share) in variants.items():
+            with concatenating() if concat else nullcontext():
+                engine = Engine(model_dir, max_batch=args.concurrency, compact_share=share)
+                try:
+                    eps = [[encode(engine, r) for r in e] for e in requests]
+                    seconds, answers[name] = play(engine, eps, args.tokens, args.concurrency)
+                    stats = dict(engine.stats)
+                finally:
+                    engine.close()
+            runs[name].append({"seconds": seconds, **{k: float(v) for k, v in stats.items()}})
+            parts = "  ".join(
+                f"{k.removesuffix('_seconds')} {stats[k]:6.1f}"
+                for k in ("decode_seconds", "kv_seconds", "prefill_seconds")
+            )
+            print(f"{name:16s} {seconds:7.1f} s  {parts}", flush=True)
+    assert all(a == answers["after"] for a in answers.values()), "the engines answered differently"
+    med = {
+        k: {m: statistics.median(r[m] for r in v) for m in ("seconds", "decode_seconds", "kv_seconds")}
+        for k, v in runs.items()
+    }
+    summary = {
+        "speedup": med["before"]["seconds"] / med["after"]["seconds"],
+        "decode_ratio": med["before"]["decode_seconds"] / med["after"]["decode_seconds"],
+        "kv_ratio": med["before"]["kv_seconds"] / med["after"]["kv_seconds"],
+        "median": med,
+        "same_answers": True,
+    }
+    print(json.dumps(summary, indent=2))
+    out = ROOT / "bench" / "results" / "kv_append.json"
+    out.write_text(json.dumps({"args": vars(args), "runs": runs, **summary}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
