@@ -17,6 +17,7 @@ settings unless overridden) and accounts for the time three ways:
 Prefect's own overhead is measured separately (`bench/explore_overhead.py`: ≤ 2%).
 
     .venv/bin/python bench/profile_generation.py [--set KEY=VALUE ...] [--name profile_generation]
+    .venv/bin/python bench/profile_generation.py --report bench/results/profile_generation.json
 
 Writes bench/results/NAME.json and prints the tables.
 """
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SERVER_PARTS = ("prefill_seconds", "decode_seconds", "grammar_seconds", "kv_seconds")
+_thread = threading.local()  # in_rollout: this thread is inside run_rollout
 
 
 class Clocks:
@@ -52,18 +54,26 @@ class Clocks:
         self.calls: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
 
-    def wrap(self, owner: Any, attr: str, part: str) -> None:
+    def wrap(self, owner: Any, attr: str, part: str, rollout: bool = False) -> None:
+        """Time `owner.attr` under `part`; calls outside a rollout go to 'part (outside
+        rollouts)' when `rollout` is set. The rollout itself: `part == "rollout"`."""
         fn: Callable[..., Any] = getattr(owner, attr)
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            inside = getattr(_thread, "in_rollout", False)
+            name = part if not rollout or inside else f"{part} (outside rollouts)"
+            if part == "rollout":
+                _thread.in_rollout = True
             started = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
+                if part == "rollout":
+                    _thread.in_rollout = inside
                 with self._lock:
-                    self.seconds[part] += time.perf_counter() - started
-                    self.calls[part] += 1
+                    self.seconds[name] += time.perf_counter() - started
+                    self.calls[name] += 1
 
         setattr(owner, attr, timed)
 
@@ -85,11 +95,11 @@ def instrument(clocks: Clocks) -> None:
     from ratchet.suites.textworld_express import TextWorldExpressEpisode
 
     clocks.wrap(rollouts, "run_rollout", "rollout")
-    clocks.wrap(ChatOpenAI, "_generate", "model")
+    clocks.wrap(ChatOpenAI, "_generate", "model", rollout=True)
     for episode in (TextWorldExpressEpisode, ReasoningGymEpisode):
         for attr in ("reset", "step", "tools", "valid_actions"):
-            clocks.wrap(episode, attr, "environment")
-    clocks.wrap(Toolbox, "call", "policy tools")
+            clocks.wrap(episode, attr, "environment", rollout=True)
+    clocks.wrap(Toolbox, "call", "policy tools", rollout=True)
     for attr in ("upsert", "delete", "get", "query", "query_embedding", "nearest", "embeddings"):
         clocks.wrap(vector_index.VectorIndex, attr, "chroma")
     for attr in ("put", "get", "query", "finished_ids", "put_diagnoses"):
@@ -110,7 +120,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings overrides")
     p.add_argument("--name", default="profile_generation", help="results file name under bench/results")
+    p.add_argument("--report", type=Path, default=None, help="only print the tables of a results file")
     args = p.parse_args()
+    if args.report is not None:
+        print(report(json.loads(args.report.read_text())))
+        return
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from ratchet.config import load_settings
     from ratchet.flows import evolve
@@ -195,7 +209,7 @@ def report(doc: dict[str, Any]) -> str:
     lines += ["| client part | thread-seconds | share of rollout time |", "|---|---|---|"]
     for k in ("model", "environment", "policy tools", "rollout other (LangGraph, prompts, rules)"):
         lines.append(f"| {k} | {client.get(k, 0.0):.0f} | {100 * client.get(k, 0.0) / (rollout or 1):.0f}% |")
-    for k in ("mlflow", "chroma", "trajectory store"):
+    for k in ("model (outside rollouts)", "mlflow", "chroma", "trajectory store"):
         lines.append(
             f"| {k} | {client.get(k, 0.0):.0f} | (wall: {100 * client.get(k, 0.0) / w:.1f}% of the run) |"
         )

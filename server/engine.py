@@ -5,11 +5,18 @@ grammar (xgrammar matcher — each agent step offers different valid actions), i
 sampling seed and temperature, and its own stop; `generate` takes one of each per call.
 The loop is a plain KV-cached decode over left-padded rows, the same math `generate` does:
 new requests are prefilled and merged into the running batch between decode steps, and a
-row leaves (and is answered) as soon as it stops. Prompt prefixes seen before are not
-prefilled again (`server.prefix_cache`). Requests admitted together are prefilled in groups
-of similar new-token counts (`prefill_groups`): one padded forward costs every row the
-longest row's width, and an agent's step (tens of new tokens after its cached prefix) that
-lands beside a fresh prompt (hundreds) would otherwise pay for the fresh one.
+row is answered as soon as it stops. Prompt prefixes seen before are not prefilled again
+(`server.prefix_cache`). Requests admitted together are prefilled in groups of similar
+new-token counts (`prefill_groups`): one padded forward costs every row the longest row's
+width, and an agent's step (tens of new tokens after its cached prefix) that lands beside a
+fresh prompt (hundreds) would otherwise pay for the fresh one.
+
+Keys and values are appended in place (`server.kv_cache`), not concatenated per step. A
+finished row's cache stays in the batch until the next admission, whose merge copies the
+live rows anyway and leaves it out (or until `compact_share` of the rows are finished):
+agent traffic finishes a row and admits the same agent's next step moments later, and one
+copy of the batch for both is half the copying of two. The worker clocks its time by part
+in `stats` (`bench/profile_generation.py` reads them through `/health`).
 
 What it does not do (say so, then nobody is surprised):
 * rows of one batch share an adapter; requests for another adapter wait until it drains;
