@@ -26,7 +26,6 @@ Writes bench/results/kv_append.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -39,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prefill_groups import encode, episodes  # noqa: E402
+from prefill_groups import encode, episodes, play, traffic_parser  # noqa: E402
 
 
 @contextmanager
@@ -60,46 +59,8 @@ def concatenating() -> Iterator[None]:
         kv_cache.GrowingLayer.update, kv_cache.SPARE_MIN, kv_cache.GROWTH = update, spare_min, growth  # type: ignore[method-assign]
 
 
-def play(
-    engine: Any, eps: list[list[tuple[list[int], Any]]], tokens: int, concurrency: int
-) -> tuple[float, list]:
-    """Wall seconds for every episode's steps, `concurrency` episodes in flight; the answers."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-    from queue import Queue
-
-    from ratchet.server.engine import GenRequest
-
-    todo: Queue[int] = Queue()
-    for i in range(len(eps)):
-        todo.put(i)
-    answers: dict[int, list[list[int]]] = {}
-
-    def worker() -> None:
-        while not todo.empty():
-            i = todo.get()
-            answers[i] = [
-                engine.generate(
-                    GenRequest(prompt_ids=ids, max_tokens=tokens, temperature=0, grammar=grammar)
-                ).token_ids
-                for ids, grammar in eps[i]
-            ]
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        for f in [pool.submit(worker) for _ in range(concurrency)]:
-            f.result()
-    return time.perf_counter() - started, [answers[i] for i in range(len(eps))]
-
-
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--rollouts", type=int, default=16)
-    p.add_argument("--steps", type=int, default=15)
-    p.add_argument("--tokens", type=int, default=8)
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=2)
-    args = p.parse_args()
+    args = traffic_parser(__doc__.split("\n\n")[0]).parse_args()
     from contextlib import nullcontext
 
     from ratchet.server.engine import Engine

@@ -72,34 +72,48 @@ def encode(engine: Any, request: dict[str, Any]) -> tuple[list[int], Any]:
     return list(ids), engine.compile_json_schema(json.dumps(schema, sort_keys=True))
 
 
-def play(engine: Any, eps: list[list[tuple[list[int], Any]]], tokens: int, concurrency: int) -> float:
-    """Wall seconds for every episode's steps, `concurrency` episodes in flight."""
+def play(
+    engine: Any, eps: list[list[tuple[list[int], Any]]], tokens: int, concurrency: int
+) -> tuple[float, list[list[list[int]]]]:
+    """Wall seconds for every episode's steps, `concurrency` episodes in flight, and the
+    tokens each step was answered with (per episode)."""
     from ratchet.server.engine import GenRequest
 
-    todo: Queue[list[tuple[list[int], Any]]] = Queue()
-    for e in eps:
-        todo.put(e)
+    todo: Queue[int] = Queue()
+    for i in range(len(eps)):
+        todo.put(i)
+    answers: dict[int, list[list[int]]] = {}
 
     def worker() -> None:
         while not todo.empty():
-            for ids, grammar in todo.get():
-                engine.generate(GenRequest(prompt_ids=ids, max_tokens=tokens, temperature=0, grammar=grammar))
+            i = todo.get()
+            answers[i] = [
+                engine.generate(
+                    GenRequest(prompt_ids=ids, max_tokens=tokens, temperature=0, grammar=grammar)
+                ).token_ids
+                for ids, grammar in eps[i]
+            ]
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         for f in [pool.submit(worker) for _ in range(concurrency)]:
             f.result()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, [answers[i] for i in range(len(eps))]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def traffic_parser(description: str | None) -> argparse.ArgumentParser:
+    """The workload's knobs, shared by the engine benches that replay it."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--rollouts", type=int, default=16)
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = traffic_parser(__doc__.split("\n\n")[0]).parse_args()
     from ratchet.server.engine import Engine
     from ratchet.server.weights import ensure_hf_copy
 
@@ -111,7 +125,7 @@ def main() -> None:
             engine = Engine(model_dir, max_batch=args.concurrency, group_prefill=grouped)
             try:
                 eps = [[encode(engine, r) for r in e] for e in requests]
-                seconds = play(engine, eps, args.tokens, args.concurrency)
+                seconds, _ = play(engine, eps, args.tokens, args.concurrency)
                 stats = dict(engine.stats)
             finally:
                 engine.close()
