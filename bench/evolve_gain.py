@@ -9,6 +9,7 @@ significantly, then approach the gold path.
 
     .venv/bin/python bench/evolve_gain.py [--generations 3] [--train 40] [-k 4] [--test 30]
         [--dev 32] [--targets textworld-express:coin reasoning-gym:propositional_logic] [--data DIR]
+        [--set KEY=VALUE ...]
 
 `--data DIR` resumes a killed run (the evolve journal skips finished stages); with `--report`
 it runs nothing and reports the journals so far; `--redraw FILE.json` redraws the table and
@@ -51,6 +52,7 @@ def target_settings(target: str, data: Path, args: argparse.Namespace) -> Settin
             "evolve.generations": args.generations,
             "finetune.mode": args.finetune,
         }
+        | dict(kv.split("=", 1) for kv in args.set)  # pydantic parses the strings ("0.3", "true")
     )
 
 
@@ -188,6 +190,13 @@ def main(**defaults: Any) -> None:
         "--finetune", default="auto", help="finetune.mode: auto (LoRA here), off (skills, rules, tools only)"
     )
     p.add_argument("--name", default="evolve_gain", help="results file name under bench/results")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more settings, e.g. explore.temperature=0.3",
+    )
     p.add_argument("--data", type=Path, default=None, help="resume a previous run's data")
     p.add_argument("--report", action="store_true", help="only report --data's journals so far (no runs)")
     p.add_argument("--redraw", type=Path, default=None, help="only redraw table and plot from a results JSON")

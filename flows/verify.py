@@ -216,7 +216,7 @@ def _replay(rt: LoopRuntime, base: RolloutSlot, arm: RolloutSlot, champion: Poli
     if t is not None and t.status == "finished" and t.policy_version == policy.version:
         return t.replayed_from is not None
     recorded = rt.store.get(base.id)
-    if recorded is None:
+    if recorded is None or recorded.policy_version != champion.version:
         return False
     # ratchet's own server does not show enum values in the prompt; another endpoint may
     fired = replay(recorded, champion.rules, policy.rules, same_choice=not rt.settings.model.endpoint)
