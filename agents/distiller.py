@@ -109,6 +109,8 @@ def build_distiller(teacher: BaseChatModel | None = None) -> Any:
                 continue
             candidate = _tidy(candidate)
             found = [p for text in _texts(candidate) for p in state["screen"].problems(text)]
+            if not any(re.search(r"[A-Za-z]", s) for s in candidate.steps):
+                found.append("no step says what to do")  # e.g. a small teacher's steps ['1.']
             if source == "teacher":
                 found += _ungrounded(candidate, state["draft"])
             if not found:
@@ -137,7 +139,8 @@ def render_body(skill: WrittenSkill, kind: str) -> str:
 
 
 def _tidy(skill: WrittenSkill) -> WrittenSkill:
-    """Drop repeated and empty steps (small teachers repeat themselves)."""
+    """Drop repeated and empty steps (small teachers repeat themselves); a skill left with no
+    step keeps its first, for the screen to refuse."""
     steps = list(dict.fromkeys(" ".join(s.split()) for s in skill.steps if re.search(r"[A-Za-z]", s)))
     return skill.model_copy(update={"steps": steps or skill.steps[:1]})
 

@@ -167,6 +167,22 @@ def test_a_teacher_that_drops_the_mined_actions_loses_to_the_draft() -> None:
     assert out["source"] == "draft" and any("drops the mined action" in p for p in out["problems"])
 
 
+def test_a_teacher_answer_with_no_instruction_loses_to_the_draft() -> None:
+    """Seen from the shipped model as teacher: a guardrail whose only step was '1.', filed
+    as 'Instead: 1.' and gated for nothing."""
+    answer = {
+        "name": "logic-avoid",
+        "description": "Avoid wrong answers.",
+        "when": "A logic task.",
+        "steps": ["1."],
+    }
+    teacher = ScriptedChatModel(script=[AIMessage(content=json.dumps(answer))])
+    job = GuardrailJob("reasoning-gym:propositional_logic", "wrong_answer", [])
+    out = distill(build_distiller(teacher), job, Screen())
+    assert out["source"] == "draft" and "teacher: no step says what to do" in out["problems"]
+    assert all(any(c.isalpha() for c in step) for step in out["final"].steps)
+
+
 def test_guardrail_draft_names_what_successes_did_instead() -> None:
     from ratchet.agents.diagnoser import build_diagnoser, diagnose
 
