@@ -534,7 +534,7 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
             kv.append(out)
         cache.adopt(layer, kv[0], kv[1], width)
 
-    def pick(t: torch.Tensor, x: _Batch, rows: list[int], first: int) -> torch.Tensor:  # [rows, cols]
+    def pick(t: torch.Tensor, rows: list[int], first: int) -> torch.Tensor:  # [rows, cols]
         t = t[rows][:, first:]
         return F.pad(t, (width - t.shape[1], 0))
 
@@ -542,7 +542,7 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
         a.adapter,
         [x.rows[i] for x, rows in parts for i in rows],
         cache,
-        torch.cat([pick(x.attn, x, rows, f) for (x, rows), f in zip(parts, firsts, strict=True)]),
+        torch.cat([pick(x.attn, rows, f) for (x, rows), f in zip(parts, firsts, strict=True)]),
         torch.cat([x.pos[rows] for x, rows in parts]),
         torch.cat([x.logits[rows] for x, rows in parts]),
     )

@@ -8,7 +8,7 @@ decode step writes one column; the buffer grows by half when full (amortized O(1
 
 `self.keys` / `self.values` stay what transformers expects (the used columns, as views of the
 buffer). Anything that replaces them (slicing, selecting rows) is noticed on the next update
-and the buffer rebuilt from them; the engine uses `select_rows`, `trim_left` and `adopt`,
+and the buffer rebuilt from them; the engine uses `batch_select_indices`, `trim_left` and `adopt`,
 which keep the spare columns.
 """
 
@@ -30,6 +30,7 @@ class GrowingLayer(DynamicLayer):
         self._k: torch.Tensor | None = None  # [rows, heads, capacity, dim]
         self._v: torch.Tensor | None = None
         self._used = 0
+        self._published: tuple[torch.Tensor, torch.Tensor] | None = None  # the views handed out
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -52,7 +53,7 @@ class GrowingLayer(DynamicLayer):
         self._k, self._v, self._used = keys, values, used
         self._publish()
 
-    def select_rows(self, indices: torch.Tensor) -> None:
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep these rows (one copy, spare columns included)."""
         if self._owns_views() and self._k is not None and self._v is not None:
             self._k, self._v = self._k.index_select(0, indices), self._v.index_select(0, indices)
@@ -69,12 +70,9 @@ class GrowingLayer(DynamicLayer):
         else:
             self.keys, self.values = self.keys[:, :, first:], self.values[:, :, first:]
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.select_rows(indices)
-
     def _owns_views(self) -> bool:
         """Are `keys`/`values` still the views this layer published (nobody replaced them)?"""
-        published = getattr(self, "_published", None)
+        published = self._published
         return published is not None and published[0] is self.keys and published[1] is self.values
 
     def _rebuild(self, key_states: torch.Tensor, value_states: torch.Tensor, room: int) -> None:
