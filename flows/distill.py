@@ -223,7 +223,10 @@ def _exemplar_candidates(
     for family in families:
         demos = []  # a solved task whose text carries an injected instruction is not shown
         for demo in pick_demos(family, wins, len(wins)):
-            if problems := screen.problems(f"{demo.task}\n{'; '.join(demo.actions)}", copies=False):
+            # each text on its own: "... your final answer only." then "answer: 42" is no
+            # instruction, but joined they would read "only answer"
+            parts = (demo.task, *demo.actions)
+            if problems := sorted({p for part in parts for p in screen.problems(part, copies=False)}):
                 out.dropped.append({"job": f"exemplar {demo.trajectory}", "problems": problems})
             elif len(demos) < s.distill.exemplars:
                 demos.append(demo)
