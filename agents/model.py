@@ -1,21 +1,49 @@
-"""The one place chat models are made: ChatOpenAI against any OpenAI-compatible endpoint."""
+"""The one place chat models are made: ChatOpenAI against any OpenAI-compatible endpoint.
+
+Two ways a tool call can travel (`model.tool_calls`):
+
+* **native**: OpenAI `tools` + `tool_choice`; the server renders the tools and returns
+  `tool_calls` (the embedded server, vLLM with a tool parser, hosted APIs);
+* **json**: the client renders the tools into the system prompt and asks for a reply that
+  matches one call's JSON schema (`response_format`), then reads the call out of the reply.
+  For servers that constrain JSON but do not turn `tools` into calls for this model: llama.cpp's
+  `llama-server` answers a SmolLM2 request with tools in plain text and ignores
+  `tool_choice="required"`. The prompt and the schema are the embedded server's own
+  (`ratchet.toolcalls`), so the model reads the same text on either kind of server.
+"""
 
 from __future__ import annotations
 
+import json
+import uuid
+from typing import Any, Literal
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_openai import ChatOpenAI
+from langchain_openai.chat_models.base import _convert_message_to_dict
 
 from ratchet.errors import TransientModelError
+from ratchet.toolcalls import render_tools, to_chatml_messages, tool_call_schema
+
+ToolCallMode = Literal["native", "json"]
 
 
 def chat_model(
-    base_url: str, model: str, api_key: str = "not-needed", timeout_s: float = 120.0, max_tokens: int = 96
+    base_url: str,
+    model: str,
+    api_key: str = "not-needed",
+    timeout_s: float = 120.0,
+    max_tokens: int = 96,
+    tool_calls: ToolCallMode = "native",
 ) -> ChatOpenAI:
     """A ChatOpenAI client. Retries are left to Prefect (task retries), so `max_retries=0`.
 
     `disable_streaming=True`: the actor never needs tokens as they come, and servers that
     don't stream still work with LangGraph's message streaming.
     """
-    return ChatOpenAI(
+    cls = JsonToolChatOpenAI if tool_calls == "json" else ChatOpenAI
+    return cls(
         model=model,
         base_url=base_url,
         api_key=api_key,  # type: ignore[arg-type]
@@ -24,6 +52,96 @@ def chat_model(
         max_tokens=max_tokens,  # type: ignore[call-arg]
         disable_streaming=True,
     )
+
+
+class JsonToolChatOpenAI(ChatOpenAI):
+    """ChatOpenAI whose tool calls travel as schema-constrained JSON (module docstring)."""
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        messages, kwargs, tools = as_json_request(messages, kwargs)
+        result = super()._generate(messages, stop, run_manager, **kwargs)
+        return read_tool_calls(result) if tools else result
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        messages, kwargs, tools = as_json_request(messages, kwargs)
+        result = await super()._agenerate(messages, stop, run_manager, **kwargs)
+        return read_tool_calls(result) if tools else result
+
+
+_ROLES = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
+
+
+def as_json_request(
+    messages: list[BaseMessage], kwargs: dict[str, Any]
+) -> tuple[list[BaseMessage], dict[str, Any], list[dict[str, Any]]]:
+    """The request without `tools`: tools rendered into the system prompt, earlier calls and
+    results as the text the model saw, and the reply constrained to one call's schema."""
+    kwargs = dict(kwargs)
+    tools: list[dict[str, Any]] = kwargs.pop("tools", None) or []
+    choice = kwargs.pop("tool_choice", None)
+    kwargs.pop("parallel_tool_calls", None)
+    if not tools or choice == "none":
+        return messages, kwargs, []
+    if isinstance(choice, dict):  # a named function
+        name = choice.get("function", {}).get("name")
+        tools = [t for t in tools if t.get("function", t).get("name") == name] or tools
+    turns = to_chatml_messages([_convert_message_to_dict(m) for m in messages], render_tools(tools))
+    schema = tool_call_schema(tools, allow_text=choice in (None, "auto"))
+    kwargs["response_format"] = {
+        "type": "json_schema",
+        "json_schema": {"name": "tool_call", "schema": schema},
+    }
+    return [_ROLES[t["role"]](content=t["content"]) for t in turns], kwargs, tools
+
+
+def read_tool_calls(result: ChatResult) -> ChatResult:
+    """Each reply `{"name": ..., "arguments": {...}}` becomes a tool call; `{"content": ...}`
+    becomes text; anything else stays as it came (the actor records it as "no tool call")."""
+    return ChatResult(
+        generations=[
+            ChatGeneration(message=_read(g.message), generation_info=g.generation_info)
+            for g in result.generations
+        ],
+        llm_output=result.llm_output,
+    )
+
+
+def _read(msg: BaseMessage) -> BaseMessage:
+    try:
+        parsed = json.loads(str(msg.content))
+    except json.JSONDecodeError:
+        return msg
+    if not isinstance(parsed, dict):
+        return msg
+    if isinstance(parsed.get("name"), str) and isinstance(parsed.get("arguments", {}), dict):
+        call = {
+            "name": parsed["name"],
+            "args": parsed.get("arguments", {}),
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "tool_call",
+        }
+        return AIMessage(
+            content="",
+            tool_calls=[call],
+            id=msg.id,
+            usage_metadata=getattr(msg, "usage_metadata", None),
+            response_metadata=msg.response_metadata,
+        )
+    if isinstance(parsed.get("content"), str):
+        return msg.model_copy(update={"content": parsed["content"]})
+    return msg
 
 
 def is_transient(exc: BaseException) -> bool:

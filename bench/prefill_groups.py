@@ -62,7 +62,7 @@ def episodes(n: int, steps: int) -> list[list[dict[str, Any]]]:
 
 def encode(engine: Any, request: dict[str, Any]) -> tuple[list[int], Any]:
     """Token ids and compiled grammar exactly as the server makes them for this request."""
-    from ratchet.server.app import render_tools, to_chatml_messages, tool_call_schema
+    from ratchet.toolcalls import render_tools, to_chatml_messages, tool_call_schema
 
     turns = to_chatml_messages(request["messages"], render_tools(request["tools"]))
     ids = engine.tokenizer.apply_chat_template(

@@ -1,22 +1,34 @@
-"""Aggregate decode throughput of the embedded server at 1, 4 and 8 concurrent requests,
-next to raw batched `generate` in this process, interleaved in one run (the machine is shared
-and noisy: compare ratios, not absolute numbers).
+"""Prefill and decode throughput of ratchet's embedded server at 1, 4 and 8 concurrent
+requests, next to raw batched `generate` in this process and, with `--anchor`, llama.cpp's own
+server on the same GGUF, interleaved in one run (the machine is shared and noisy: compare
+ratios, not absolute numbers).
 
-    .venv/bin/python bench/serve_throughput.py [--tokens 96] [--rounds 3]
+    .venv/bin/python bench/serve_throughput.py [--tokens 96] [--prompt-words 400] [--rounds 3] [--anchor]
 
-Every request generates exactly --tokens tokens (`ignore_eos`), greedy, from distinct prompts.
-Goals: 8 concurrent >= 3x one request, and >= 0.8x raw batched generate at batch 8.
+* decode: every request generates exactly --tokens tokens (`ignore_eos`), greedy, from short
+  distinct prompts; aggregate completion tokens per second of wall.
+* prefill: every request is a new prompt of about --prompt-words words (an agent step's size;
+  its first words are unique so no prefix cache can help) and asks for one token; aggregate
+  prompt tokens per second of wall, as each server counts them (same GGUF tokenizer).
+
+`--anchor` builds llama-server once from the llama.cpp that the llama-cpp-python sdist vendors
+(`bench/llama_cpp.py`, 10-20 min the first time) and runs it with 2 threads and 8 slots.
+Goals: ratchet at 8 concurrent >= 3x one request and >= 0.8x raw batched generate (decode);
+ratchet >= 1.0x llama.cpp at 8 concurrent, prefill and decode.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import random
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import count
 from pathlib import Path
 
 import httpx
@@ -29,27 +41,60 @@ from ratchet.server.launcher import EmbeddedServer  # noqa: E402
 from ratchet.server.weights import BASE_MODEL_NAME, ensure_hf_copy  # noqa: E402
 
 PROMPTS = [f"Write a long story about robot number {i} who learns to cook." for i in range(8)]
+# words of the kind an agent's prompt is made of (rooms, objects, moves), drawn at random
+_WORDS = (
+    "you are in the kitchen pantry corridor backyard a an the to north south east west door is open "
+    "closed there you see coin fridge table counter move take look inventory valid actions your task "
+    "find and it on of what do next step observation history room nothing happens"
+).split()
+_fresh = count()
 
 
-def server_tps(url: str, concurrency: int, tokens: int) -> float:
+def _long_prompt(words: int) -> str:
+    n = next(_fresh)
+    rng = random.Random(n)
+    return f"Request {n:06d} {rng.random():.6f}. " + " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def _post(url: str, body: dict) -> dict:
+    r = httpx.post(f"{url}/chat/completions", timeout=1800, json={"model": BASE_MODEL_NAME, **body})
+    r.raise_for_status()
+    return r.json()["usage"]
+
+
+def decode_tps(url: str, concurrency: int, tokens: int) -> float:
     def one(i: int) -> int:
-        r = httpx.post(
-            f"{url}/chat/completions",
-            timeout=600,
-            json={
-                "model": BASE_MODEL_NAME,
+        usage = _post(
+            url,
+            {
                 "messages": [{"role": "user", "content": PROMPTS[i]}],
                 "max_tokens": tokens,
                 "temperature": 0,
                 "ignore_eos": True,
             },
         )
-        r.raise_for_status()
-        return int(r.json()["usage"]["completion_tokens"])
+        if usage["completion_tokens"] != tokens:  # a server that stopped early would flatter itself
+            raise RuntimeError(f"{url} generated {usage['completion_tokens']} tokens, asked {tokens}")
+        return int(usage["completion_tokens"])
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         total = sum(pool.map(one, range(concurrency)))
+    return total / (time.perf_counter() - started)
+
+
+def prefill_tps(url: str, concurrency: int, words: int) -> float:
+    prompts = [_long_prompt(words) for _ in range(concurrency)]
+
+    def one(text: str) -> int:
+        usage = _post(
+            url, {"messages": [{"role": "user", "content": text}], "max_tokens": 1, "temperature": 0}
+        )
+        return int(usage["prompt_tokens"])
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        total = sum(pool.map(one, prompts))
     return total / (time.perf_counter() - started)
 
 
@@ -72,48 +117,80 @@ def raw_tps(model: object, tok: object, batch: int, tokens: int) -> float:
     return generated / (time.perf_counter() - started)
 
 
+def _ratio(med: dict[str, float], a: str, b: str) -> float | None:
+    return round(med[a] / med[b], 2) if a in med and b in med else None
+
+
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=96)
+    p.add_argument("--prompt-words", type=int, default=400)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--anchor", action="store_true", help="also measure llama.cpp's server (built on first use)"
+    )
+    p.add_argument("--no-raw", action="store_true", help="skip raw generate in this process")
     p.add_argument("--models-dir", type=Path, default=ROOT / ".ratchet" / "models")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve_throughput.json")
     args = p.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(2)  # the server uses 2 threads too
+    torch.set_num_threads(2)  # the servers use 2 threads too
     model_dir = ensure_hf_copy(args.models_dir)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = tok = None
+    if not args.no_raw:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        tok.padding_side = "left"
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
-    results: dict[str, list[float]] = {
-        k: [] for k in ("server_c1", "server_c4", "server_c8", "raw_b1", "raw_b8")
-    }
-    with tempfile.TemporaryDirectory() as logs, EmbeddedServer(args.models_dir, Path(logs)) as url:
-        server_tps(url, 2, 8)  # warm up both paths
-        raw_tps(model, tok, 2, 8)
+    results: dict[str, list[float]] = {}
+
+    def record(key: str, value: float) -> None:
+        results.setdefault(key, []).append(value)
+
+    with contextlib.ExitStack() as stack:
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        servers = {"ratchet": stack.enter_context(EmbeddedServer(args.models_dir, logs))}
+        if args.anchor:
+            from bench.llama_cpp import llama_server
+
+            servers["llamacpp"] = stack.enter_context(llama_server(log=logs / "llama-server.log"))
+        for url in servers.values():  # warm up every path
+            decode_tps(url, 2, 8)
+            prefill_tps(url, 2, 50)
+        if model is not None:
+            raw_tps(model, tok, 2, 8)
         for r in range(args.rounds):
-            for c in (1, 4, 8):
-                results[f"server_c{c}"].append(server_tps(url, c, args.tokens))
-            for b in (1, 8):
-                results[f"raw_b{b}"].append(raw_tps(model, tok, b, args.tokens))
+            for name, url in servers.items():
+                for c in (1, 4, 8):
+                    record(f"{name}_decode_c{c}", decode_tps(url, c, args.tokens))
+                for c in (1, 8):
+                    record(f"{name}_prefill_c{c}", prefill_tps(url, c, args.prompt_words))
+            if model is not None:
+                for b in (1, 8):
+                    record(f"raw_decode_b{b}", raw_tps(model, tok, b, args.tokens))
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items()), flush=True)
 
     med = {k: statistics.median(v) for k, v in results.items()}
     summary = {
         "tokens_per_request": args.tokens,
+        "prompt_words": args.prompt_words,
         "rounds": args.rounds,
         "median_tokens_per_s": {k: round(v, 1) for k, v in med.items()},
-        "server_c8_over_c1": round(med["server_c8"] / med["server_c1"], 2),
-        "server_c4_over_c1": round(med["server_c4"] / med["server_c1"], 2),
-        "server_c8_over_raw_b8": round(med["server_c8"] / med["raw_b8"], 2),
-        "server_c1_over_raw_b1": round(med["server_c1"] / med["raw_b1"], 2),
+        "ratchet_decode_c8_over_c1": _ratio(med, "ratchet_decode_c8", "ratchet_decode_c1"),
+        "ratchet_decode_c4_over_c1": _ratio(med, "ratchet_decode_c4", "ratchet_decode_c1"),
+        "ratchet_decode_c8_over_raw_b8": _ratio(med, "ratchet_decode_c8", "raw_decode_b8"),
+        "ratchet_decode_c1_over_raw_b1": _ratio(med, "ratchet_decode_c1", "raw_decode_b1"),
+        "ratchet_over_llamacpp": {
+            k.removeprefix("ratchet_"): _ratio(med, k, k.replace("ratchet_", "llamacpp_"))
+            for k in med
+            if k.startswith("ratchet_") and k.replace("ratchet_", "llamacpp_") in med
+        },
     }
     print(json.dumps(summary, indent=2))
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "serve_throughput.json").write_text(json.dumps(summary, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ unreachable) or the embedded server, started here and stopped when the `with` en
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import uuid
@@ -18,7 +19,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 
 from ratchet.agents.actor import build_actor
-from ratchet.agents.model import chat_model
+from ratchet.agents.model import ToolCallMode, chat_model
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, EndpointError
 from ratchet.flows.tracking import audit_logger
@@ -26,7 +27,13 @@ from ratchet.memory.retrieval import SkillRetriever
 from ratchet.memory.trajectory_store import TrajectoryStore, open_store
 from ratchet.memory.vector_index import VectorIndex
 from ratchet.runtime_env import prepare_environment
-from ratchet.server.launcher import EmbeddedServer, check_endpoint, check_port_free, ensure_adapter
+from ratchet.server.launcher import (
+    EmbeddedServer,
+    check_endpoint,
+    check_port_free,
+    ensure_adapter,
+    probe_tool_calls,
+)
 from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary, read_audit
@@ -34,6 +41,8 @@ from ratchet.skills.toolbox import Toolbox
 from ratchet.suites import Suite, get_suite
 from ratchet.training.registry import AdapterRegistry, AdapterVersion, may_have_adapters
 from ratchet.types import Policy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -119,7 +128,22 @@ def _worker_runtime(ref: RuntimeRef) -> LoopRuntime:
 def policy_actor(settings: Settings, url: str) -> Any:
     """The actor graph over the policy's chat model at `url`."""
     m = settings.model
-    return build_actor(chat_model(url, m.name, m.api_key.get_secret_value(), m.timeout_s, m.max_tokens))
+    key = m.api_key.get_secret_value()
+    return build_actor(chat_model(url, m.name, key, m.timeout_s, m.max_tokens, tool_call_mode(settings, url)))
+
+
+def tool_call_mode(settings: Settings, url: str) -> ToolCallMode:
+    """How the actor's tool calls travel to `url` (agents/model.py): as configured, or for
+    `auto` native on the embedded server and whatever one probe request finds elsewhere."""
+    m = settings.model
+    if m.tool_calls != "auto":
+        return m.tool_calls
+    if not m.endpoint:
+        return "native"
+    mode = probe_tool_calls(url, m.name, m.api_key.get_secret_value(), m.timeout_s)
+    if mode == "json":
+        log.info("%s returned no tool_calls when one was required: tool calls travel as JSON", url)
+    return mode  # type: ignore[return-value]
 
 
 def live_retriever(settings: Settings) -> SkillRetriever:

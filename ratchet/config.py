@@ -48,6 +48,12 @@ class ModelSettings(Section):
     max_tokens: int = Field(default=96, gt=0, description="completion budget per step")
     port: int = Field(default=0, ge=0, le=65535, description="embedded server port (0 = any free)")
     max_batch: int = Field(default=8, ge=1, description="embedded server: max sequences per batch")
+    tool_calls: Literal["auto", "native", "json"] = Field(
+        default="auto",
+        description="how the actor's tool calls travel: 'native' OpenAI tools, 'json' tools rendered "
+        "into the prompt and the reply constrained by a JSON schema (servers whose chat template has "
+        "no tools, e.g. llama.cpp's llama-server), 'auto' asks the endpoint once",
+    )
 
     @field_validator("endpoint")
     @classmethod

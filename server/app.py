@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.server.engine import AdapterError, Engine, GenRequest, GenResult
+from ratchet.toolcalls import render_tools, to_chatml_messages, tool_call_schema
 
 
 class ChatRequest(BaseModel):
@@ -58,79 +59,6 @@ class LoraRequest(BaseModel):
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
-
-
-def tool_call_schema(tools: list[dict[str, Any]], allow_text: bool) -> dict[str, Any]:
-    """JSON schema of one call to any of `tools` (plus a text reply when `allow_text`)."""
-    options: list[dict[str, Any]] = []
-    for t in tools:
-        fn = t.get("function", t)
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
-        options.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": fn["name"]}, "arguments": params},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-        )
-    if allow_text:
-        options.append(
-            {
-                "type": "object",
-                "properties": {"content": {"type": "string", "maxLength": 2000}},
-                "required": ["content"],
-                "additionalProperties": False,
-            }
-        )
-    return options[0] if len(options) == 1 else {"anyOf": options}
-
-
-def render_tools(tools: list[dict[str, Any]]) -> str:
-    lines = ['You can call these functions. Reply with JSON: {"name": <function>, "arguments": {...}}.']
-    for t in tools:
-        fn = t.get("function", t)
-        props = (fn.get("parameters") or {}).get("properties", {})
-        # enum values are not listed: the grammar enforces them and they cost prompt tokens
-        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
-        lines.append(f"- {fn['name']}({args}): {fn.get('description', '')}")
-    return "\n".join(lines)
-
-
-def to_chatml_messages(messages: list[dict[str, Any]], tools_text: str | None) -> list[dict[str, str]]:
-    """OpenAI messages -> plain role/content turns the model's ChatML template understands."""
-    out: list[dict[str, str]] = []
-    for m in messages:
-        role = m.get("role", "user")
-        content = m.get("content") or ""
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if role == "assistant" and m.get("tool_calls"):
-            calls = [
-                {"name": c["function"]["name"], "arguments": _loads(c["function"].get("arguments"))}
-                for c in m["tool_calls"]
-            ]
-            content = json.dumps(calls[0] if len(calls) == 1 else calls, separators=(",", ":"))
-        elif role == "tool":
-            role, content = "user", f"Result: {content}"
-        elif role == "developer":
-            role = "system"
-        out.append({"role": role, "content": str(content)})
-    if tools_text:
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + tools_text}
-        else:
-            out.insert(0, {"role": "system", "content": tools_text})
-    return out
-
-
-def _loads(s: Any) -> Any:
-    if isinstance(s, str):
-        try:
-            return json.loads(s)
-        except json.JSONDecodeError:
-            return s
-    return s or {}
 
 
 def create_app(engine: Engine, model_name: str) -> FastAPI:

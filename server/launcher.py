@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
 
@@ -57,6 +58,53 @@ def check_endpoint(base_url: str, api_key: str = "x", timeout: float = 10.0) -> 
         raise EndpointError(
             f"{base_url}/models did not return an OpenAI model list", "is this an OpenAI-compatible API?"
         ) from None
+
+
+_PING_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "ping",
+        "description": "Reply to the user.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+@lru_cache(maxsize=16)
+def probe_tool_calls(base_url: str, model: str, api_key: str = "x", timeout: float = 120.0) -> str:
+    """'native' if the endpoint answers a request that requires a tool call with `tool_calls`,
+    else 'json' (it ignored the tools, or refused them with HTTP 4xx). One short request per
+    process and endpoint; unreachable or failing (5xx) raises one clear EndpointError."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Call the ping tool."}],
+        "tools": [_PING_TOOL],
+        "tool_choice": "required",
+        "max_tokens": 32,
+        "temperature": 0,
+    }
+    try:
+        r = httpx.post(
+            f"{base_url}/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+        )
+    except httpx.HTTPError as exc:
+        raise EndpointError(
+            f"model endpoint {base_url} did not answer a tool-call probe ({type(exc).__name__})",
+            "is it up? or set model.tool_calls to 'native' or 'json' to skip the probe",
+        ) from None
+    if r.status_code >= 500:
+        raise EndpointError(
+            f"model endpoint {base_url} failed a tool-call probe (HTTP {r.status_code})",
+            "check the server's log, or set model.tool_calls to 'native' or 'json'",
+        )
+    try:
+        calls = r.json()["choices"][0]["message"].get("tool_calls") if r.status_code == 200 else None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        calls = None
+    return "native" if calls else "json"
 
 
 def ensure_adapter(base_url: str, name: str, path: Path, api_key: str = "x", timeout: float = 120.0) -> None:

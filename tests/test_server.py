@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from ratchet.errors import EndpointError, PortInUseError
-from ratchet.server.app import to_chatml_messages, tool_call_schema
 from ratchet.server.launcher import EmbeddedServer, check_endpoint
+from ratchet.toolcalls import to_chatml_messages, tool_call_schema
 
 MODEL = "smollm2-135m-instruct"
 ACT = {

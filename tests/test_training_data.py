@@ -14,8 +14,8 @@ from langchain_openai.chat_models.base import _convert_message_to_dict
 from ratchet.agents.actor import ActorSettings, build_actor
 from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.agents.testing import ScriptedChatModel, call
-from ratchet.server.app import render_tools
 from ratchet.suites import get_suite
+from ratchet.toolcalls import render_tools
 from ratchet.training.dataset import build_dataset, lucky, repeats
 from ratchet.training.examples import ReplayError, replay
 from ratchet.types import Policy, PromptRecord, SkillText, Trajectory

@@ -21,7 +21,7 @@ from langchain_openai.chat_models.base import _convert_message_to_dict
 
 from ratchet.agents.actor import build_prompt
 from ratchet.hashing import content_hash
-from ratchet.server.app import render_tools, to_chatml_messages
+from ratchet.toolcalls import render_tools, to_chatml_messages
 from ratchet.types import Trajectory
 
 
