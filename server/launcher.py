@@ -161,14 +161,17 @@ class EmbeddedServer:
         env = dict(
             os.environ,
             OMP_NUM_THREADS=os.environ.get("RATCHET_SERVER_THREADS", "2"),
-            # Idle OpenMP threads sleep instead of spinning. On a shared machine a spinning
-            # team waits for a descheduled thread at every op: 16x slower with one busy
-            # neighbour, 0.87x when the machine is quiet (bench/server_contention.py).
-            OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false",
         )
+        if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+            # Idle OpenMP threads sleep instead of spinning. On a shared machine a spinning
+            # team waits for a descheduled thread at every op: 16x slower with one busy
+            # neighbour (bench/server_contention.py). The price on a quiet machine is decode
+            # at ~0.7x; a machine that runs nothing else can set GOMP_SPINCOUNT=10000 for
+            # it back (bench/decode_arith.py), or OMP_WAIT_POLICY=ACTIVE.
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
