@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -189,6 +190,7 @@ def main() -> None:
     if args.command == "build":
         print(build())
         return
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops llama-server too
     with llama_server(parallel=args.parallel, lora=args.lora) as url:
         print(f"llama-server at {url}; Ctrl-C stops it", flush=True)
         with contextlib.suppress(KeyboardInterrupt):

@@ -39,8 +39,9 @@ from bench.llama_cpp import llama_server  # noqa: E402
 from ratchet.server.weights import BASE_MODEL_NAME  # noqa: E402
 
 
-def evaluate(data: Path, suite: str, test: int, endpoint: str | None) -> tuple[dict[str, bool], float, int]:
-    """Per-task success of `ratchet evaluate`, its wall seconds, and its steps without a call."""
+def evaluate(data: Path, suite: str, test: int, endpoint: str | None) -> tuple[dict[str, bool], float, dict]:
+    """Per-task success of `ratchet evaluate`, its wall seconds, and per task the calls it made
+    (a step without a tool call is None)."""
     from ratchet.config import load_settings
     from ratchet.memory.trajectory_store import open_store
 
@@ -56,8 +57,24 @@ def evaluate(data: Path, suite: str, test: int, endpoint: str | None) -> tuple[d
         runs = store.query(split="test")
     finally:
         store.close()
-    uncalled = sum(1 for t in runs for s in t.steps if s.tool_call is None)
-    return {t.task_id: bool(t.success) for t in runs}, wall, uncalled
+    calls = {
+        t.task_id: [s.tool_call.model_dump_json() if s.tool_call else None for s in t.steps] for t in runs
+    }
+    return {t.task_id: bool(t.success) for t in runs}, wall, calls
+
+
+def first_difference(a: list, b: list) -> int:
+    """The first step where two games differ (the shorter length if one is a prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def side(successes: dict[str, bool], wall: float, calls: dict[str, list]) -> dict[str, object]:
+    return {
+        "successes": sum(successes.values()),
+        "wall_s": round(wall, 1),
+        "steps": sum(map(len, calls.values())),
+        "steps_without_call": sum(c is None for game in calls.values() for c in game),
+    }
 
 
 def _chat(url: str, **body: object) -> dict:
@@ -114,25 +131,20 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        embedded, embedded_s, embedded_uncalled = evaluate(root / "embedded", args.suite, args.test, None)
+        embedded, embedded_s, embedded_calls = evaluate(root / "embedded", args.suite, args.test, None)
         with llama_server(log=root / "llama-server.log") as url:
-            llama, llama_s, llama_uncalled = evaluate(root / "llamacpp", args.suite, args.test, url)
+            llama, llama_s, llama_calls = evaluate(root / "llamacpp", args.suite, args.test, url)
             checks = features(url)
     both = sorted(embedded)
+    firsts = [first_difference(embedded_calls[t], llama_calls.get(t, [])) for t in both]
     summary = {
         "suite": args.suite,
         "tasks": len(both),
-        "embedded": {
-            "successes": sum(embedded.values()),
-            "wall_s": round(embedded_s, 1),
-            "steps_without_call": embedded_uncalled,
-        },
-        "llamacpp": {
-            "successes": sum(llama.get(t, False) for t in both),
-            "wall_s": round(llama_s, 1),
-            "steps_without_call": llama_uncalled,
-        },
+        "embedded": side(embedded, embedded_s, embedded_calls),
+        "llamacpp": side(llama, llama_s, llama_calls),
         "same_outcome": sum(embedded[t] == llama.get(t) for t in both),
+        "same_game": sum(embedded_calls[t] == llama_calls.get(t) for t in both),
+        "mean_first_different_step": round(sum(firsts) / len(firsts), 1),
         "embedded_only": [t for t in both if embedded[t] and not llama.get(t)],
         "llamacpp_only": [t for t in both if llama.get(t) and not embedded[t]],
         "llamacpp_features": checks,

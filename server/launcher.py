@@ -125,6 +125,13 @@ def ensure_adapter(base_url: str, name: str, path: Path, api_key: str = "x", tim
         raise EndpointError(
             f"cannot load adapter {name} into {base_url} ({type(exc).__name__})", "is it up?"
         ) from None
+    if r.status_code == 404:  # llama.cpp's llama-server, Ollama, hosted APIs
+        raise EndpointError(
+            f"{base_url} cannot load LoRA adapters at run time (HTTP 404 on /load_lora_adapter), "
+            f"so adapter {name} cannot be served there",
+            "serve it yourself (llama.cpp: convert it with convert_lora_to_gguf.py, start llama-server "
+            "with --lora and --alias NAME), use a vLLM server, or set finetune.mode = 'export'",
+        )
     if r.status_code != 200:
         detail = r.text[:200].replace("\n", " ")
         raise EndpointError(

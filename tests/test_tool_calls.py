@@ -113,14 +113,21 @@ def plain_text_server() -> Iterator[tuple[str, list[dict]]]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            if self.path.endswith("/load_lora_adapter"):  # llama-server has no such route
+                return self._send(404, {"error": {"message": "File Not Found"}})
             status = 503 if seen[-1]["model"] == "broken" else 200
-            body = json.dumps(
-                {"choices": [{"index": 0, "message": {"role": "assistant", "content": "pong"}}]}
+            self._send(
+                status, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "pong"}}]}
             )
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._send(200, {"object": "list", "data": [{"id": "m"}]})
+
+        def _send(self, status: int, doc: dict) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(body.encode())
+            self.wfile.write(json.dumps(doc).encode())
 
         def log_message(self, *args: object) -> None:
             pass
@@ -144,6 +151,18 @@ def test_the_probe_finds_json_where_tools_are_ignored_and_fails_clearly(plain_te
         probe_tool_calls(url, "broken")
     with pytest.raises(EndpointError, match="did not answer"):
         probe_tool_calls("http://127.0.0.1:9/v1", "m-probe-2", timeout=5)
+
+
+def test_an_endpoint_without_runtime_lora_says_how_to_serve_the_adapter(
+    plain_text_server, tmp_path: Path
+) -> None:
+    from ratchet.errors import EndpointError
+    from ratchet.server.launcher import ensure_adapter
+
+    url, _ = plain_text_server
+    with pytest.raises(EndpointError, match="cannot load LoRA adapters at run time") as err:
+        ensure_adapter(url, "coin-v1", tmp_path)
+    assert "convert_lora_to_gguf.py" in err.value.fix and "finetune.mode" in err.value.fix
 
 
 # ------------------------------------------------------------------ the real engine
