@@ -14,7 +14,6 @@ Two ways a tool call can travel (`model.tool_calls`):
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, Literal
 
@@ -24,7 +23,7 @@ from langchain_openai import ChatOpenAI
 from langchain_openai.chat_models.base import _convert_message_to_dict
 
 from ratchet.errors import TransientModelError
-from ratchet.toolcalls import render_tools, to_chatml_messages, tool_call_schema
+from ratchet.toolcalls import read_reply, render_tools, to_chatml_messages, tool_call_schema
 
 ToolCallMode = Literal["native", "json"]
 
@@ -119,19 +118,10 @@ def read_tool_calls(result: ChatResult) -> ChatResult:
 
 
 def _read(msg: BaseMessage) -> BaseMessage:
-    try:
-        parsed = json.loads(str(msg.content))
-    except json.JSONDecodeError:
-        return msg
-    if not isinstance(parsed, dict):
-        return msg
-    if isinstance(parsed.get("name"), str) and isinstance(parsed.get("arguments", {}), dict):
-        call = {
-            "name": parsed["name"],
-            "args": parsed.get("arguments", {}),
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "tool_call",
-        }
+    reply = read_reply(str(msg.content))
+    if isinstance(reply, tuple):
+        name, arguments = reply
+        call = {"name": name, "args": arguments, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "tool_call"}
         return AIMessage(
             content="",
             tool_calls=[call],
@@ -139,8 +129,8 @@ def _read(msg: BaseMessage) -> BaseMessage:
             usage_metadata=getattr(msg, "usage_metadata", None),
             response_metadata=msg.response_metadata,
         )
-    if isinstance(parsed.get("content"), str):
-        return msg.model_copy(update={"content": parsed["content"]})
+    if isinstance(reply, str):
+        return msg.model_copy(update={"content": reply})
     return msg
 
 

@@ -1,5 +1,5 @@
 """How a tool call travels as JSON: the prompt text that lists the tools, the schema a reply
-must match, and OpenAI messages turned into plain ChatML turns.
+must match, OpenAI messages turned into plain ChatML turns, and a reply read back.
 
 The embedded server uses these to render `tools` itself (the shipped model's chat template has
 no tools) and to constrain the reply; the actor's JSON tool-call mode (`model.tool_calls =
@@ -77,6 +77,22 @@ def to_chatml_messages(messages: list[dict[str, Any]], tools_text: str | None) -
         else:
             out.insert(0, {"role": "system", "content": tools_text})
     return out
+
+
+def read_reply(text: str) -> tuple[str, dict[str, Any]] | str | None:
+    """The other way: a reply matching `tool_call_schema` as (name, arguments) for a call, or
+    the text of a `{"content": ...}` reply; None for anything else (cut off, another shape)."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    if isinstance(parsed.get("name"), str) and isinstance(parsed.get("arguments", {}), dict):
+        return parsed["name"], parsed.get("arguments", {})
+    if isinstance(parsed.get("content"), str):
+        return parsed["content"]
+    return None
 
 
 def _loads(s: Any) -> Any:

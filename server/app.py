@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.server.engine import AdapterError, Engine, GenRequest, GenResult
-from ratchet.toolcalls import render_tools, to_chatml_messages, tool_call_schema
+from ratchet.toolcalls import read_reply, render_tools, to_chatml_messages, tool_call_schema
 
 
 class ChatRequest(BaseModel):
@@ -184,26 +184,26 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 def completion_body(model: str, res: GenResult, tool_mode: bool) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": res.text}
     finish = res.finish_reason
-    if tool_mode and res.grammar_complete:
-        parsed = json.loads(res.text)
-        if "name" in parsed:
-            message = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": f"call_{uuid.uuid4().hex[:24]}",
-                        "type": "function",
-                        "function": {
-                            "name": parsed["name"],
-                            "arguments": json.dumps(parsed.get("arguments", {})),
-                        },
-                    }
-                ],
-            }
-            finish = "tool_calls"
-        else:
-            message["content"] = parsed.get("content", "")
+    reply = read_reply(res.text) if tool_mode and res.grammar_complete else None
+    if isinstance(reply, tuple):
+        name, arguments = reply
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "arguments": json.dumps(arguments),
+                    },
+                }
+            ],
+        }
+        finish = "tool_calls"
+    elif isinstance(reply, str):
+        message["content"] = reply
     completion = len(res.token_ids) + (1 if res.finish_reason == "stop" else 0)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
