@@ -1,7 +1,7 @@
 """The actor: the policy acting in one episode, as a LangGraph StateGraph.
 
-    START → model ─(tool call)→ tools ─(not done, budget left)→ model …
-              └─(no tool call, budget left)→ model        └─(done / budget spent)→ END
+    START → model ─(tool call, or a text reply)→ tools ─(not done, budget left)→ model …
+              └─(no tool call, budget left)→ model               └─(done / budget spent)→ END
 
 Environment actions are tools (the episode's `tools()` may change every step, e.g. the
 valid moves of a text game); active skills enter through the system prompt, active tools
@@ -12,12 +12,17 @@ The episode and the step recorder live in the run's context, not in graph state:
 that raises loses its state update, but its step is still appended to `context.steps` in a
 `finally` block.
 Errors the model causes (no tool call, an invalid action) are shown to it and the episode
-goes on; errors in our code or the environment propagate.
+goes on; errors in our code or the environment propagate. A reply without a tool call stays
+in the history with a note on what went wrong, so the next ask differs from it even under
+greedy decoding (the same prompt would give the same reply). An episode that takes text
+replies (`Episode.text_replies`) is offered `tool_choice="auto"`, and a text reply is its
+turn: the episode reads it (`Episode.reply`) like a tool call.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, TypedDict
@@ -32,7 +37,7 @@ from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
 from ratchet.skills.rules import Tried, bind_to_menu, call_text, constrain_tools, menu_entries, normal
 from ratchet.suites.base import ActionError, Episode, StepResult
-from ratchet.types import TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
+from ratchet.types import NO_TOOL_CALL, TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
 
 
 class ToolRunner(Protocol):
@@ -52,6 +57,7 @@ class ActorSettings:
     epsilon: float = 0.0  # explore only: chance of a random valid action instead of the model's
     history_window: int = 10
     seed: int = 0
+    max_tokens: int | None = None  # output budget of one model call (None: the chat model's own)
 
 
 @dataclass
@@ -131,12 +137,15 @@ def build_actor(llm: BaseChatModel) -> Any:
                 )
             else:
                 msg = _ask(llm, state, ctx, step)
-            if not msg.tool_calls:
-                step.message = str(msg.content)
-                step.error = "no tool call"
-                return {}  # not kept in history: the model is asked again with a fresh seed
-            first = msg.tool_calls[0]
             step.message = str(msg.content or "")
+            if not msg.tool_calls:
+                if ctx.episode.text_replies:  # the reply is the turn: the episode reads it
+                    ctx.pending = step
+                    return {"messages": [AIMessage(content=step.message)]}
+                step.error = NO_TOOL_CALL
+                step.tool_result = no_call_note(msg)
+                return {"messages": text_turn(step)}  # kept, so the next ask is not the same one
+            first = msg.tool_calls[0]
             step.tool_call = ToolCall(name=first["name"], args=first["args"])
             ctx.pending = step
             # keep one call per turn so every call in history has its tool result; a fresh message
@@ -153,12 +162,14 @@ def build_actor(llm: BaseChatModel) -> Any:
     def tools(state: ActorState, runtime: Runtime[RolloutContext]) -> dict[str, Any]:
         ctx = runtime.context
         step, ctx.pending = ctx.pending, None
-        assert step is not None and step.tool_call is not None
-        call_id = state["messages"][-1].tool_calls[0]["id"]  # type: ignore[union-attr]
+        assert step is not None
         started = time.perf_counter()
         try:
-            result = _execute(ctx, step.tool_call)
-            ctx.tried.append(Tried(normal(ctx.observation), call_text(step.tool_call)))
+            if step.tool_call is None:
+                result = ctx.episode.reply(step.message)
+            else:
+                result = _traced(ctx, step.tool_call)
+                ctx.tried.append(Tried(normal(ctx.observation), call_text(step.tool_call)))
             step.tool_result, step.reward = result.observation, result.reward
             ctx.options = result.options
             if result.done:
@@ -173,6 +184,9 @@ def build_actor(llm: BaseChatModel) -> Any:
             step.seconds += time.perf_counter() - started
             ctx.steps.append(step)
         ctx.observation = step.tool_result
+        if step.tool_call is None:
+            return {"messages": [HumanMessage(step.tool_result)]}
+        call_id = state["messages"][-1].tool_calls[0]["id"]  # type: ignore[union-attr]
         return {"messages": [ToolMessage(content=step.tool_result, tool_call_id=call_id)]}
 
     def after_model(state: ActorState, runtime: Runtime[RolloutContext]) -> str:
@@ -199,9 +213,14 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step)
         ctx.system_text, state["task"], state["messages"], ctx.settings.history_window, ctx.options
     )
     seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
-    bound = llm.bind_tools(ctx.tool_defs(step), tool_choice="required")
+    tools = ctx.tool_defs(step)
+    text = ctx.episode.text_replies
+    bound = llm.bind_tools(tools, tool_choice="auto" if text else "required") if tools else llm
+    options: dict[str, Any] = {"temperature": ctx.settings.temperature, "seed": seed}
+    if ctx.settings.max_tokens is not None:
+        options["max_tokens"] = ctx.settings.max_tokens
     # the policy's adapter is addressed by name as the request's model (vLLM's multi-LoRA convention)
-    msg = bound.invoke(prompt, temperature=ctx.settings.temperature, seed=seed, model=ctx.policy.served_model)
+    msg = bound.invoke(prompt, model=ctx.policy.served_model, **options)
     usage = getattr(msg, "usage_metadata", None) or {}
     step.prompt_tokens = int(usage.get("input_tokens", 0))
     step.completion_tokens = int(usage.get("output_tokens", 0))
@@ -231,6 +250,20 @@ def history_start(n_steps: int, window: int) -> int:
         return 0
     block = max(1, window // 2)
     return ((n_steps - window - 1) // block + 1) * block
+
+
+def _traced(ctx: RolloutContext, call: ToolCall) -> StepResult:
+    """`_execute`, as a TOOL span of its own when the rollout is traced (MLflow autolog has the
+    `tools` node's span active: `flows/traces.py`). mlflow is looked up, not imported: if it
+    is not loaded, nothing is tracing."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None or mlflow.get_current_active_span() is None:
+        return _execute(ctx, call)
+    with mlflow.start_span(name=call.name, span_type="TOOL") as span:
+        span.set_inputs(call.args)
+        result = _execute(ctx, call)
+        span.set_outputs({"observation": result.observation, "reward": result.reward, "done": result.done})
+        return result
 
 
 def _execute(ctx: RolloutContext, call: ToolCall) -> StepResult:
@@ -271,6 +304,23 @@ def _play(ctx: RolloutContext, name: str, plan: list[ToolCall]) -> StepResult:
             break
     result.observation, result.reward = "\n".join(lines), reward
     return result
+
+
+def no_call_note(msg: AIMessage) -> str:
+    """What the model is told after a reply that called no tool: what went wrong, what to do."""
+    meta = msg.response_metadata or {}
+    cut = meta.get("finish_reason") == "length"
+    why = "was cut off at the output limit before it made a tool call" if cut else "called no tool"
+    return f"Your last reply {why}. Call exactly one of the tools, with short arguments."
+
+
+def text_turn(step: Step) -> list[AnyMessage]:
+    """The messages a step without a tool call leaves in the history: the reply, then what
+    came back (the episode's answer to a text reply, or the note on a missing call). A step
+    stored before such turns were kept has no `tool_result` and left nothing."""
+    if step.tool_call is not None or (not step.moves_on and not step.tool_result):
+        return []
+    return [AIMessage(content=step.message), HumanMessage(step.tool_result)]
 
 
 def join_options(text: str, options: str) -> str:

@@ -19,6 +19,7 @@ the tasks where they differ (each task one independent pair, like the gate's McN
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,6 +28,8 @@ from ratchet.skills.intervention import binomial_p_value
 from ratchet.stats import wilson_interval
 from ratchet.suites.base import ActionError, Suite
 from ratchet.types import Task
+
+log = logging.getLogger(__name__)
 
 BEATS_RANDOM_P = 0.05  # "beats random": the one-sided sign test's p-value at most this
 
@@ -83,8 +86,21 @@ class VersusRandom:
         return beats_random(self.p_value)
 
 
+def _suite_failed(task: Task, exc: Exception) -> bool:
+    """The suite contract: a suite's exception ends that episode as a failure, not the run."""
+    log.warning("baseline episode of %s ended in an error: %s: %s", task.id, type(exc).__name__, exc)
+    return False
+
+
 def play_random(suite: Suite, task: Task, rng: random.Random, max_steps: int | None = None) -> bool | None:
     """One episode of uniformly random valid actions; None if the episode lists none."""
+    try:
+        return _play_random(suite, task, rng, max_steps)
+    except Exception as exc:
+        return _suite_failed(task, exc)
+
+
+def _play_random(suite: Suite, task: Task, rng: random.Random, max_steps: int | None) -> bool | None:
     with suite.episode(task) as episode:
         result = episode.reset()
         for _ in range(max_steps or task.max_steps):
@@ -102,14 +118,21 @@ def play_random(suite: Suite, task: Task, rng: random.Random, max_steps: int | N
 
 def play_gold(suite: Suite, task: Task, max_steps: int | None = None) -> bool | None:
     """The suite's reference solution within the step budget; None if it knows none."""
+    try:
+        return _play_gold(suite, task, max_steps)
+    except Exception as exc:
+        return _suite_failed(task, exc)
+
+
+def _play_gold(suite: Suite, task: Task, max_steps: int | None) -> bool | None:
     with suite.episode(task) as episode:
         result = episode.reset()
         plan = episode.expert_actions()
         if not plan:
             return None
-        for call in plan[: max_steps or task.max_steps]:
+        for action in plan[: max_steps or task.max_steps]:
             try:
-                result = episode.step(call)
+                result = episode.play(action)
             except ActionError:
                 return False
             if result.done:

@@ -24,6 +24,7 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
 
 from ratchet.agents.structured import ask_json
+from ratchet.diagnosis.keys import FailureKey
 from ratchet.skills.mining import Pattern
 from ratchet.skills.screen import Screen
 from ratchet.types import Diagnosis, FailureMode
@@ -75,6 +76,7 @@ class GuardrailJob:
     members: list[Diagnosis]
     kind: Literal["guardrail"] = "guardrail"
     trajectory_ids: list[str] = field(default_factory=list)
+    key: FailureKey | None = None  # what the cluster's failures share (`diagnosis.keys.cluster_key`)
 
     def __post_init__(self) -> None:
         self.trajectory_ids = self.trajectory_ids or [d.trajectory_id for d in self.members]
@@ -186,26 +188,76 @@ def draft_procedure(job: ProcedureJob) -> WrittenSkill:
 
 
 def draft_guardrail(job: GuardrailJob) -> WrittenSkill:
+    """A guardrail from the cluster alone. A concrete `taken` → `instead` pair is quoted only
+    when the failures took that action in two or more of the cluster's tasks (or the cluster
+    has one task): on single-call tasks every action carries its task's values, and
+    `get_weather: paris` is no advice for Rome. What the key says stays true across tasks:
+    the tool successful runs called instead, the arguments failed calls left out, added or
+    got wrong, and the error they were refused with."""
     subset = _subset(job.family)
     mode_words = job.mode.replace("_", " ")
-    taken = Counter(d.attribution.taken for d in job.members if d.attribution)
+    tasks: dict[str, set[str]] = {}
+    for d in job.members:
+        if d.attribution:
+            tasks.setdefault(d.attribution.taken, set()).add(d.task_id)
     instead = Counter(a for d in job.members if d.attribution for a in d.attribution.alternatives[:1])
+    spread = min(2, len({d.task_id for d in job.members}))
     steps = []
-    if taken and instead:
-        (bad, _), (good, _) = taken.most_common(1)[0], instead.most_common(1)[0]
-        steps.append(f"Where runs went wrong with `{bad}`, successful runs did `{good}`.")
+    if tasks and instead:
+        bad = max(tasks, key=lambda a: len(tasks[a]))  # the first of the most widespread
+        if len(tasks[bad]) >= spread:
+            steps.append(
+                f"Where runs went wrong with `{bad}`, successful runs did `{instead.most_common(1)[0][0]}`."
+            )
+    steps += _key_steps(job.key, quoted=bool(steps))
     if ADVICE[job.mode]:
         steps.append(ADVICE[job.mode])
     if not steps:
         steps.append("Re-read the task and the latest observation before acting.")
     where = Counter(d.step for d in job.members if d.step is not None).most_common(1)
     at = f" around step {where[0][0]}" if where else ""
+    tool = job.key.tool if _about_the_call(job.key) else ""  # names it when the call's shape was wrong
+    about = f"call `{tool}`" if tool else _verb(job.mode)
     return WrittenSkill(
-        name=slug(subset, "avoid", mode_words),
+        name=slug(subset, "avoid", mode_words, tool),
         description=f"Avoid {mode_words} in {subset} tasks ({len(job.members)} failed runs went this way).",
-        when=f"A {subset} task{at}, when you are about to {_verb(job.mode)}.",
+        when=f"A {subset} task{at}, when you are about to {about}.",
         steps=[s[:STEP_MAX] for s in steps],
     )
+
+
+def _about_the_call(key: FailureKey | None) -> bool:
+    """Whether the key blames how the tool was called (another tool, arguments left out or
+    added), not just a value: then the guardrail is about that tool and says so in its name."""
+    if key is None or not key.tool:
+        return False
+    shape = any(not a.startswith("wrong ") for a in key.arguments)
+    return shape or bool(key.expected and key.expected != key.tool)
+
+
+def _key_steps(key: FailureKey | None, quoted: bool) -> list[str]:
+    """What a failure key tells to do instead; a wrong value only when no concrete pair is
+    `quoted` (the pair shows the value already)."""
+    if key is None or not key.tool:
+        return [f"Call `{key.expected}` here: successful runs did."] if key and key.expected else []
+    tool, steps = key.tool, []
+    if key.expected and key.expected != tool:
+        steps.append(f"Call `{key.expected}` here, not `{tool}`: successful runs did.")
+    for problem in key.arguments:
+        what, arg = problem.split(" ", 1)
+        if what == "missing":
+            steps.append(
+                f"When you call `{tool}`, pass `{arg}`: successful runs passed it, failed runs left it out."
+            )
+        elif what == "extra":
+            steps.append(f"Do not pass `{arg}` to `{tool}`: successful runs did not.")
+        elif not quoted:
+            steps.append(
+                f"Check `{arg}` before you call `{tool}`: failed runs passed other values than successes."
+            )
+    if key.error:
+        steps.append(f"Failed calls of `{tool}` were refused with: {key.error}")
+    return steps
 
 
 def _verb(mode: FailureMode) -> str:
@@ -226,8 +278,9 @@ def writer_messages(state: DistillerState) -> list[Any]:
         ask = f"Write a procedure skill for {job.family} tasks from these action patterns of successful runs."
     else:
         causes = [d.cause for d in job.members if d.cause][:5]
+        what = [f"- what failed: {job.key.describe()}"] if job.key is not None else []
         evidence = "\n".join(
-            [f"- failure mode: {job.mode} ({len(job.members)} runs)", *[f"- {c}" for c in causes]]
+            [f"- failure mode: {job.mode} ({len(job.members)} runs)", *what, *[f"- {c}" for c in causes]]
         )
         ask = f"Write a guardrail for {job.family} tasks: what goes wrong, when, what to do instead."
     draft_json = draft.model_dump_json()

@@ -9,6 +9,7 @@ from typing import Any
 from ratchet.agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state, join_options
 from ratchet.agents.model import is_transient
 from ratchet.agents.prompts import system_prompt, task_prompt
+from ratchet.hashing import content_hash
 from ratchet.suites.base import ActionError, Suite
 from ratchet.types import Policy, PromptRecord, SkillText, Step, Task, Trajectory, trajectory_id
 
@@ -45,21 +46,23 @@ def run_rollout(
     task = slot.task
     started = time.perf_counter()
     error: str | None = None
-    with suite.episode(task) as episode:
-        first = episode.reset()
-        ctx = RolloutContext(
-            episode=episode,
-            policy=policy,
-            settings=settings,
-            observation=first.observation,
-            options=first.options,
-            tool_runner=tool_runner,
-            skills=skills,
-            exemplars=exemplars,
-        )
-        state = initial_state(task.instruction, first.observation)
-        prompt = ctx.prompt_record(state["task"], first.observation)
-        try:
+    ctx: RolloutContext | None = None
+    prompt: PromptRecord | None = None
+    try:  # the suite contract: any exception but ActionError ends this rollout, never the run
+        with suite.episode(task) as episode:
+            first = episode.reset()
+            ctx = RolloutContext(
+                episode=episode,
+                policy=policy,
+                settings=settings,
+                observation=first.observation,
+                options=first.options,
+                tool_runner=tool_runner,
+                skills=skills,
+                exemplars=exemplars,
+            )
+            state = initial_state(task.instruction, first.observation)
+            prompt = ctx.prompt_record(state["task"], first.observation)
             actor.invoke(
                 state,
                 context=ctx,
@@ -68,17 +71,18 @@ def run_rollout(
                     "run_name": f"rollout {task.id} #{slot.rollout}",
                 },
             )
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            error = f"{type(exc).__name__}: {exc}"
-    outcome = ctx.outcome
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        error = f"{type(exc).__name__}: {exc}"
+    outcome = ctx.outcome if ctx is not None else None
     return _trajectory(
         slot,
+        suite,
         seed=settings.seed,
         policy_version=policy.version,
         prompt=prompt,
-        steps=ctx.steps,
+        steps=ctx.steps if ctx is not None else [],
         status="error" if error else "finished",
         done=outcome is not None,
         max_steps=settings.max_steps,
@@ -94,61 +98,85 @@ EXPERT_POLICY = "expert"
 
 
 def run_expert(suite: Suite, slot: RolloutSlot, window: int = 10) -> Trajectory | None:
-    """Play the suite's reference solution for `slot.task`; None if the suite knows none.
+    """Play the suite's reference solution for `slot.task`; None if the suite knows none, or
+    knows a stale one (a plan step the environment refuses).
 
     Expert trajectories are tagged `kind='expert'`: usable for distillation and training,
-    never counted as the agent's success.
+    never counted as the agent's success. An exception from the suite (other than the
+    refusal) gives an expert trajectory with status 'error' and its message, not a crash.
     """
     task = slot.task
     started = time.perf_counter()
     steps: list[Step] = []
-    with suite.episode(task) as episode:
-        result = episode.reset()
-        plan = episode.expert_actions()
-        if not plan:
-            return None
-        observation, options = result.observation, result.options
-        prompt = PromptRecord(  # what the actor would have been shown with no skills: trainable
-            system=system_prompt(()),
-            task=task_prompt(task.instruction, observation),
-            first_observation=observation,
-            tools=[t.to_openai() for t in episode.tools()],
-            window=window,
-        )
-        for call in plan[: task.max_steps]:
-            step = Step(
-                index=len(steps),
-                observation=join_options(observation, options),  # as the actor records it
-                tool_call=call,
-                source="expert",
-            )
-            try:
-                result = episode.step(call)
-            except ActionError:  # a stale reference path: not a usable expert
+    prompt: PromptRecord | None = None
+    try:
+        with suite.episode(task) as episode:
+            result = episode.reset()
+            plan = episode.expert_actions()
+            if not plan:
                 return None
-            step.tool_result, step.reward = result.observation, result.reward
-            steps.append(step)
             observation, options = result.observation, result.options
-            if result.done:
-                break
+            prompt = PromptRecord(  # what the actor would have been shown with no skills: trainable
+                system=system_prompt(()),
+                task=task_prompt(task.instruction, observation),
+                first_observation=observation,
+                tools=[t.to_openai() for t in episode.tools()],
+                window=window,
+            )
+            for action in plan[: task.max_steps]:
+                step = Step(
+                    index=len(steps),
+                    observation=join_options(observation, options),  # as the actor records it
+                    tool_call=None if isinstance(action, str) else action,
+                    message=action if isinstance(action, str) else "",
+                    source="expert",
+                )
+                try:
+                    result = episode.play(action)
+                except ActionError:  # a stale reference path: not a usable expert
+                    return None
+                step.tool_result, step.reward = result.observation, result.reward
+                steps.append(step)
+                observation, options = result.observation, result.options
+                if result.done:
+                    break
+    except Exception as exc:  # the suite's bug: stored with its message, the run goes on
+        return _expert(
+            slot, suite, prompt, steps, started, status="error", error=f"{type(exc).__name__}: {exc}"
+        )
     if not result.success:
         return None
+    return _expert(slot, suite, prompt, steps, started, done=True, success=True, score=result.score)
+
+
+def _expert(
+    slot: RolloutSlot,
+    suite: Suite,
+    prompt: PromptRecord | None,
+    steps: list[Step],
+    started: float,
+    **fields: Any,
+) -> Trajectory:
     return _trajectory(
         slot,
-        seed=task.seed,
+        suite,
+        seed=_seed_of(slot.task),
         policy_version=EXPERT_POLICY,
         kind="expert",
         prompt=prompt,
         steps=steps,
-        done=True,
-        max_steps=task.max_steps,
-        success=True,
-        score=result.score,
+        max_steps=slot.task.max_steps,
         seconds=time.perf_counter() - started,
+        **fields,
     )
 
 
-def _trajectory(slot: RolloutSlot, **fields: Any) -> Trajectory:
+def _seed_of(task: Task) -> int:
+    """A sampling seed for a task: its own seed, or one derived from a string key."""
+    return task.seed if isinstance(task.seed, int) else int(content_hash(task.seed, length=8), 16) % (2**31)
+
+
+def _trajectory(slot: RolloutSlot, suite: Suite, **fields: Any) -> Trajectory:
     """A Trajectory for `slot`: identity and task fields from the slot, the rest as given."""
     task = slot.task
     return Trajectory(
@@ -157,6 +185,7 @@ def _trajectory(slot: RolloutSlot, **fields: Any) -> Trajectory:
         generation=slot.generation,
         task_id=task.id,
         suite=task.suite,
+        suite_version=suite.version,
         subset=task.subset,
         split=task.split,
         rollout=slot.rollout,

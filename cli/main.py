@@ -31,6 +31,7 @@ from ratchet.cli.common import (
     load,
 )
 from ratchet.cli.library import failures, skills_app, tools_app
+from ratchet.cli.suites import suites_app
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, RatchetError
 from ratchet.flows.loop import STAGES
@@ -40,9 +41,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-)
-suites_app = typer.Typer(
-    help="Task suites (plug-ins under the 'ratchet.suites' entry point group).", no_args_is_help=True
 )
 traj_app = typer.Typer(help="Stored trajectories.", no_args_is_help=True)
 app.add_typer(suites_app, name="suites")
@@ -362,19 +360,6 @@ def doctor() -> None:
         console.print("[green]ratchet is installed[/]")
 
 
-@suites_app.command("list")
-def suites_list() -> None:
-    """List installed suites and their subsets."""
-    with guard():
-        from ratchet.suites import available_suites
-
-        table = Table("suite", "default subsets", "plug-in")
-        for name, ep in sorted(available_suites().items()):
-            cls = ep.load()
-            table.add_row(name, ", ".join(cls.default_subsets), ep.value)
-        console.print(table)
-
-
 @traj_app.command("list")
 def trajectories_list(
     generation: Annotated[int | None, typer.Option("--generation", "-g")] = None,
@@ -511,6 +496,9 @@ def _print_diagnose(result: Any) -> None:
         f"{len(result.clusters)} clusters, {len(big)} with 2+ members · see `ratchet failures`",
         soft_wrap=True,
     )
+    if result.discarded:  # a judge that writes '...' shows here, not as empty causes
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(result.discarded.items()))
+        console.print(f"judge answers discarded: {result.judge_discarded} ({why})", soft_wrap=True)
 
 
 def _print_distill(result: Any) -> None:

@@ -33,9 +33,13 @@ from ratchet.types import Attribution, Step, Trajectory
 
 
 def normalize_action(step: Step) -> str | None:
-    """A step's action as comparable text ('act: move east'), or None if it changed nothing."""
-    if step.error is not None or step.tool_call is None:
+    """A step's action as comparable text ('act: move east', 'reply: it is a parrot'), or None
+    if it changed nothing. A text reply an episode took as its turn (`Episode.text_replies`)
+    is an action; a reply that called no tool where one was needed has an error."""
+    if step.error is not None:
         return None
+    if step.tool_call is None:
+        return f"reply: {' '.join(step.message.lower().split())}" if step.message.strip() else None
     call = step.tool_call
     values = [" ".join(str(v).lower().split()) for _, v in sorted(call.args.items())]
     return f"{call.name}: {', '.join(values)}" if values else call.name

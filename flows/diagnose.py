@@ -3,15 +3,18 @@
 Each failure is diagnosed by the `diagnoser` graph against the successful trajectories
 (agent and expert) of the same task; the judge's model calls run as Prefect tasks with
 the rollouts' retry rule. Diagnoses are stored beside their trajectories, so a rerun only
-diagnoses what is missing. Then every diagnosis of the generation is embedded into the
-`failures` Chroma collection and clustered; counts by mode, the clusters and a plot go to
-the generation's MLflow run.
+diagnoses what is missing. Then every diagnosis of the generation is keyed by what failed
+(`diagnosis/keys.py`: mode, tool, argument problems, error class, never the task's own
+values), its key's text embedded into the `failures` Chroma collection, and clustered;
+counts by mode, the judge answers discarded, the clusters and a plot go to the
+generation's MLflow run.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlflow
@@ -19,9 +22,10 @@ from prefect import flow, task
 from prefect.futures import as_completed
 
 from ratchet import faults
-from ratchet.agents.diagnoser import build_diagnoser, diagnose
+from ratchet.agents.diagnoser import build_diagnoser, judged
 from ratchet.config import Settings
 from ratchet.diagnosis.clusters import FailureCluster, cluster_diagnoses
+from ratchet.diagnosis.keys import failure_keys
 from ratchet.flows import tracking
 from ratchet.flows.progress import report
 from ratchet.flows.rollouts import MODEL_CALL
@@ -36,11 +40,20 @@ class DiagnoseResult:
     diagnosed: int  # newly diagnosed in this run (the rest were stored already)
     by_mode: dict[str, int]
     clusters: list[FailureCluster] = field(default_factory=list)
+    # judge answers of this run given no cause, by reason ('says nothing', 'quotes the
+    # evidence', 'no answer'): a judge that copies its prompt shows here, not as '...' causes
+    discarded: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def judge_discarded(self) -> int:
+        return sum(self.discarded.values())
 
 
 @task(name="diagnose", task_run_name="diagnose {failure.task_id} #{failure.rollout}", **MODEL_CALL)
-def diagnose_task(diagnoser: object, failure: Trajectory, successes: list[Trajectory]) -> Diagnosis:
-    return diagnose(diagnoser, failure, successes)
+def diagnose_task(
+    diagnoser: object, failure: Trajectory, successes: list[Trajectory]
+) -> tuple[Diagnosis, str]:
+    return judged(diagnoser, failure, successes)
 
 
 def diagnose_stage(rt: LoopRuntime, generation: int) -> DiagnoseResult:
@@ -58,36 +71,55 @@ def diagnose_stage(rt: LoopRuntime, generation: int) -> DiagnoseResult:
     report("diagnose", len(failures) - len(todo), len(failures))
     futures = [diagnose_task.submit(diagnoser, t, successes[t.task_id]) for t in todo]
     done = len(failures) - len(todo)
+    discarded: Counter[str] = Counter()
     for future in as_completed(futures) if futures else ():
-        rt.store.put_diagnoses([future.result()])
+        diagnosis, why = future.result()
+        rt.store.put_diagnoses([diagnosis])
+        discarded.update([why] if why else [])
         faults.point("diagnosis.stored")
         done += 1
         report("diagnose", done, len(failures))
     failed = {t.id for t in failures}
     diagnoses = [d for d in rt.store.diagnoses(s.evolution, generation) if d.trajectory_id in failed]
-    clusters = cluster_failures(rt, diagnoses, generation)
-    result = DiagnoseResult(len(failures), len(todo), dict(Counter(d.mode for d in diagnoses)), clusters)
+    clusters = cluster_failures(rt, diagnoses, generation, rows)
+    by_mode = dict(Counter(d.mode for d in diagnoses))
+    result = DiagnoseResult(len(failures), len(todo), by_mode, clusters, dict(sorted(discarded.items())))
     if mlflow.active_run() is not None:
         _log(result, diagnoses)
     return result
 
 
-def cluster_failures(rt: LoopRuntime, diagnoses: list[Diagnosis], generation: int) -> list[FailureCluster]:
-    """Embed diagnoses into the `failures` collection, cluster them, store cluster ids."""
+def cluster_failures(
+    rt: LoopRuntime, diagnoses: list[Diagnosis], generation: int, trajectories: Sequence[Trajectory] = ()
+) -> list[FailureCluster]:
+    """Key diagnoses by what failed (against `trajectories`: the failures and the successes
+    they are compared with), embed the keys' texts into the `failures` collection, cluster
+    them, store cluster ids."""
     if not diagnoses:
         return []
+    keys = failure_keys(diagnoses, trajectories)
     index = VectorIndex(rt.settings.index_dir, "failures")
     ids = [d.trajectory_id for d in diagnoses]
     index.upsert(
         ids,
-        [d.summary() for d in diagnoses],
+        [k.text for k in keys],
         [
-            {"evolution": d.evolution, "generation": d.generation, "mode": d.mode, "subset": d.subset}
-            for d in diagnoses
+            {
+                "evolution": d.evolution,
+                "generation": d.generation,
+                "mode": d.mode,
+                "subset": d.subset,
+                "tool": k.tool,
+            }
+            for d, k in zip(diagnoses, keys, strict=True)
         ],
     )
     clusters = cluster_diagnoses(
-        diagnoses, index.embeddings(ids), rt.settings.diagnose.cluster_similarity, prefix=f"g{generation}-"
+        diagnoses,
+        index.embeddings(ids),
+        rt.settings.diagnose.cluster_similarity,
+        prefix=f"g{generation}-",
+        keys=keys,
     )
     labelled = [d.model_copy(update={"cluster": c.id}) for c in clusters for d in c.members]
     rt.store.put_diagnoses(labelled)
@@ -104,6 +136,7 @@ def _log(result: DiagnoseResult, diagnoses: list[Diagnosis]) -> None:
             "diagnose_clusters": len(result.clusters),
             "diagnose_attributed": sum(d.attribution is not None for d in diagnoses),
             "diagnose_judged": sum(bool(d.cause) for d in diagnoses),
+            "diagnose_judge_discarded": result.judge_discarded,
             **{f"diagnose_mode_{m}": result.by_mode.get(m, 0) for m in FAILURE_MODES},
         }
     )
@@ -114,6 +147,7 @@ def _log(result: DiagnoseResult, diagnoses: list[Diagnosis]) -> None:
             "family": c.family,
             "mode": c.mode,
             "size": c.size,
+            "key": c.key.describe() if c.key else "",
             "example": c.members[0].summary(),
             "members": [d.trajectory_id for d in c.members],
         }

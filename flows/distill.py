@@ -4,7 +4,10 @@ Per task family (suite:subset) of the train split:
 
 * procedures — mined action patterns of successful trajectories (agent and expert),
   written up by the `distiller`;
-* guardrails — one per failure cluster with at least `diagnose.min_cluster` members;
+* guardrails — one per failure cluster with at least `diagnose.min_cluster` members, with
+  what its failures share (`diagnosis/keys.py`: the tool, the arguments they got wrong):
+  on single-call tasks, where no run of 2+ actions recurs to mine a procedure from, the
+  guardrail (with the exemplars) is what a family's failures yield;
 * tools — the best patterns as parameterized macros, and for question-answer families a
   teacher-written function, by the `toolsmith`, tested in the sandbox;
 * rules — action rules mined from the diagnoses' attributions and stagnation clusters
@@ -34,6 +37,7 @@ from ratchet.agents.rule_proposer import RuleJob, build_rule_proposer
 from ratchet.agents.toolsmith import FunctionJob, MacroJob, build_toolsmith
 from ratchet.config import Settings
 from ratchet.diagnosis.attribution import action_path
+from ratchet.diagnosis.keys import cluster_key, failure_keys
 from ratchet.flows import tracking
 from ratchet.flows.progress import report
 from ratchet.flows.rollouts import MODEL_CALL
@@ -85,6 +89,7 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
     for d in diagnoses:
         if d.cluster is not None:
             clusters[d.cluster].append(d)
+    keys = dict(zip((d.trajectory_id for d in diagnoses), failure_keys(diagnoses, rows), strict=True))
     teacher = rt.teacher if s.distill.teacher else None
     distiller, toolsmith = build_distiller(teacher), build_toolsmith(teacher)
     configured = bool(s.teacher.endpoint or s.teacher.name)  # not the policy's own model
@@ -110,7 +115,8 @@ def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
             jobs.append((f"procedure {family}", distiller, {"job": job, "screen": screen}))
         for cid, members in sorted(clusters.items()):
             if family_of(members[0].task_id) == family and len(members) >= s.diagnose.min_cluster:
-                job = GuardrailJob(family, members[0].mode, members)
+                key = cluster_key([keys[d.trajectory_id] for d in members])
+                job = GuardrailJob(family, members[0].mode, members, key=key)
                 jobs.append((f"guardrail {cid}", distiller, {"job": job, "screen": screen}))
         for p in [p for p in patterns if p.params][: s.distill.tools]:
             verbs = [next(iter(a.args.values()), a.tool).split()[0] for a in p.actions]

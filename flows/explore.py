@@ -51,11 +51,12 @@ def seed_experts(rt: LoopRuntime, generation: int) -> int:
         RolloutSlot(s.evolution, generation, t, EXPERT_ROLLOUT)
         for t in rt.suite.tasks("train", s.splits.train)
     ]
-    have = rt.store.finished_ids([sl.id for sl in slots])
+    have = rt.store.finished_ids([sl.id for sl in slots], suite_version=rt.suite.version)
     for slot in slots:
         if slot.id not in have and (traj := run_expert(rt.suite, slot, s.history_window)) is not None:
-            rt.store.put(traj)
-            have.add(slot.id)
+            rt.store.put(traj)  # an errored one too: its message is the plug-in author's clue
+            if traj.status == "finished":
+                have.add(slot.id)
     if mlflow.active_run() is not None:
         mlflow.log_metric("explore_expert_trajectories", len(have))
     return len(have)

@@ -168,6 +168,8 @@ def stage_summary(out: Any) -> dict[str, Any]:
             "diagnosed": out.diagnosed,
             "by_mode": out.by_mode,
             "clusters": len(out.clusters),
+            "judge_discarded": out.judge_discarded,
+            "judge_discarded_by": out.discarded,
         }
     if isinstance(out, DistillResult):
         added = [c.skill.name for c in out.candidates if c.result.action == "added"]

@@ -133,7 +133,8 @@ def play(
     stage: str,
 ) -> int:
     """Play each slot with its policy (several policies at once: the arms of A/B tests), skipping
-    slots already finished by that same policy version; returns how many were skipped."""
+    slots already finished by that same policy version on this suite version; returns how
+    many were skipped."""
     policies = {p.version: p for _, p in items}
     if rt.retriever is not None:
         for p in policies.values():
@@ -142,7 +143,9 @@ def play(
     done: set[str] = set()
     for version in policies:
         done |= rt.store.finished_ids(
-            [s.id for s, p in items if p.version == version], policy_version=version
+            [s.id for s, p in items if p.version == version],
+            policy_version=version,
+            suite_version=rt.suite.version,
         )
     todo = [(s, p) for s, p in items if s.id not in done]
     total, finished = len(items), len(items) - len(todo)
@@ -193,13 +196,15 @@ def derive_seed(*parts: object) -> int:
 def actor_settings(
     s: Settings, slot: RolloutSlot, temperature: float, epsilon: float, seed: int
 ) -> ActorSettings:
-    """How one slot is played: the stage's sampling, the suite's (or the settings') step budget."""
+    """How one slot is played: the stage's sampling, the suite's (or the settings') step budget,
+    and the output budget of the task (its suite's, `Suite.new_task`; None: `model.max_tokens`)."""
     return ActorSettings(
         max_steps=s.max_steps or slot.task.max_steps,
         temperature=temperature,
         epsilon=epsilon,
         history_window=s.history_window,
         seed=seed,
+        max_tokens=slot.task.max_tokens,
     )
 
 

@@ -21,7 +21,7 @@ from langchain_core.language_models import BaseChatModel
 from ratchet.agents.actor import build_actor
 from ratchet.agents.model import ToolCallMode, chat_model
 from ratchet.config import Settings
-from ratchet.errors import ConfigError, EndpointError
+from ratchet.errors import ConfigError, EndpointError, SuiteVersionError
 from ratchet.flows.tracking import audit_logger
 from ratchet.memory.retrieval import SkillRetriever
 from ratchet.memory.trajectory_store import TrajectoryStore, open_store
@@ -223,6 +223,12 @@ def preflight(settings: Settings, gate: bool = False) -> None:
         check_dev_size(settings, {"each family": settings.splits.dev})
     suite = get_suite(settings.suite)
     try:
+        if settings.trajectories_db.is_file():
+            store = open_store(settings.trajectories_db)
+            try:
+                check_suite_version(store, settings.evolution, suite)
+            finally:
+                store.close()
         suite.check()
         for split in ("train", "test"):
             try:  # the seeds alone tell whether the split is that large; no need to build tasks
@@ -239,6 +245,19 @@ def preflight(settings: Settings, gate: bool = False) -> None:
         shipped_gguf()  # the model package is installed
         if settings.model.port:
             check_port_free("127.0.0.1", settings.model.port)
+
+
+def check_suite_version(store: TrajectoryStore, evolution: str, suite: Suite) -> None:
+    """Refuse to resume an evolution whose rollouts were played on another version of its
+    suite: its stored results would be mixed with new ones in every table and gate. Rows
+    stored before versions were recorded ('') say nothing and are let through."""
+    other = sorted(store.suite_versions(evolution).get(suite.name, set()) - {"", suite.version})
+    if other:
+        raise SuiteVersionError(
+            f"evolution {evolution!r} was played on suite {suite.name} version {other[0]}, and the "
+            f"installed suite is version {suite.version}",
+            "start a new evolution (--evolution NAME), or reinstall the suite version it was played on",
+        )
 
 
 def check_dev_size(s: Settings, dev: dict[str, int]) -> None:
@@ -282,6 +301,7 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
         with model_endpoint(settings, base_url) as url:
             store = open_store(settings.trajectories_db)
             try:
+                check_suite_version(store, settings.evolution, suite)
                 rt = LoopRuntime(settings, suite, store, url, policy_actor(settings, url))
                 rt.teacher = teacher_model(settings, url)
                 rt.library = open_library(settings)

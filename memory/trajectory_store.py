@@ -84,9 +84,17 @@ class TrajectoryStore(Protocol):
 
     def get(self, id: str) -> Trajectory | None: ...
 
-    def finished_ids(self, ids: Iterable[str], policy_version: str | None = None) -> set[str]:
+    def finished_ids(
+        self, ids: Iterable[str], policy_version: str | None = None, suite_version: str | None = None
+    ) -> set[str]:
         """The subset of `ids` stored with status 'finished' (error rows do not count), and,
-        when `policy_version` is given, played by that policy version."""
+        when given, played by that policy version and on that suite version (a row stored
+        before suite versions were recorded counts as any)."""
+        ...
+
+    def suite_versions(self, evolution: str) -> dict[str, set[str]]:
+        """Per suite name, the suite versions an evolution's stored rollouts were played on
+        ('' for rows stored before versions were recorded)."""
         ...
 
     def query(
@@ -136,6 +144,7 @@ _SCHEMA = (
         generation        INTEGER NOT NULL,
         task_id           TEXT    NOT NULL,
         suite             TEXT    NOT NULL,
+        suite_version     TEXT    NOT NULL DEFAULT '',
         subset            TEXT    NOT NULL,
         split             TEXT    NOT NULL,
         rollout           INTEGER NOT NULL,
@@ -170,11 +179,13 @@ _DIAGNOSES = (
     )""",
     "CREATE INDEX IF NOT EXISTS ix_diag_gen ON diagnoses (evolution, generation, mode)",
 )
+# Columns added after schema version 1, to a table that lacks them (old rows get the default).
+_ADDED_COLUMNS = {"suite_version": "TEXT NOT NULL DEFAULT ''"}
 
 # Row columns besides `data`, in insert order; all of them are attributes of Trajectory.
 _COLUMNS = (
-    "id", "evolution", "generation", "task_id", "suite", "subset", "split", "rollout", "kind",
-    "status", "success", "score", "n_steps", "prompt_tokens", "completion_tokens", "seconds",
+    "id", "evolution", "generation", "task_id", "suite", "suite_version", "subset", "split", "rollout",
+    "kind", "status", "success", "score", "n_steps", "prompt_tokens", "completion_tokens", "seconds",
     "policy_version", "created_at",
 )  # fmt: skip
 _FILTERS = tuple(TrajectoryFilters.__annotations__)
@@ -274,6 +285,10 @@ class SQLiteTrajectoryStore:
                 )
             for statement in _DIAGNOSES:
                 conn.execute(statement)
+            have = {r[1] for r in conn.execute("PRAGMA table_info(trajectories)")}
+            for column, decl in _ADDED_COLUMNS.items():
+                if column not in have:
+                    conn.execute(f"ALTER TABLE trajectories ADD COLUMN {column} {decl}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -336,19 +351,34 @@ class SQLiteTrajectoryStore:
         return None if row is None else Trajectory.model_validate_json(row[0])
 
     @_intact
-    def finished_ids(self, ids: Iterable[str], policy_version: str | None = None) -> set[str]:
+    def finished_ids(
+        self, ids: Iterable[str], policy_version: str | None = None, suite_version: str | None = None
+    ) -> set[str]:
         wanted = list(dict.fromkeys(ids))
         found: set[str] = set()
-        same_policy = "" if policy_version is None else "AND policy_version = ? "
+        wanted_versions = (("policy_version", policy_version), ("suite_version", suite_version))
+        extra = [(c, v) for c, v in wanted_versions if v]
+        # a row stored before suite versions were recorded ('') counts as any suite version
+        same = "".join(f"AND {c} IN (?, '') " if c == "suite_version" else f"AND {c} = ? " for c, _ in extra)
         for i in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
             chunk = wanted[i : i + 500]
             rows = self._conn().execute(
-                f"SELECT id FROM trajectories WHERE status = 'finished' {same_policy}"
+                f"SELECT id FROM trajectories WHERE status = 'finished' {same}"
                 f"AND id IN ({', '.join('?' * len(chunk))})",
-                ([] if policy_version is None else [policy_version]) + chunk,
+                [v for _, v in extra] + chunk,
             )
             found.update(r[0] for r in rows)
         return found
+
+    @_intact
+    def suite_versions(self, evolution: str) -> dict[str, set[str]]:
+        rows = self._conn().execute(
+            "SELECT DISTINCT suite, suite_version FROM trajectories WHERE evolution = ?", (evolution,)
+        )
+        out: dict[str, set[str]] = {}
+        for suite, version in rows:
+            out.setdefault(suite, set()).add(version)
+        return out
 
     def _select(
         self, columns: str, filters: dict[str, Any], limit: int | None = None, offset: int = 0

@@ -27,6 +27,10 @@ class UnknownSuiteError(RatchetError):
     """A suite name that no installed plug-in provides."""
 
 
+class SuiteVersionError(RatchetError):
+    """An evolution's stored rollouts were played on another version of its suite."""
+
+
 class EndpointError(RatchetError):
     """The model endpoint cannot be reached or answers wrongly."""
 

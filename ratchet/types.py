@@ -17,41 +17,55 @@ Split = Literal["train", "dev", "test"]
 SPLITS: tuple[Split, ...] = ("train", "dev", "test")
 
 
+TaskKey = int | str
+"""What names a task inside its (suite, subset, split): a seed for generated tasks, or a
+dataset's own item id (a string) for a fixed dataset."""
+
+
 class Task(BaseModel):
     """One task instance; `id` alone is enough to rebuild it (`Suite.load(id)`)."""
 
     model_config = ConfigDict(frozen=True)
 
-    id: str = Field(description="'<suite>:<subset>:<split>:<seed>' — replayable from this string alone")
+    id: str = Field(description="'<suite>:<subset>:<split>:<key>' — replayable from this string alone")
     suite: str
     subset: str = Field(description="game or dataset inside the suite, e.g. 'coin' or 'chain_sum'")
     split: Split
-    seed: int
+    seed: TaskKey = Field(description="the task's key: a generator seed (int) or a dataset item id (str)")
     instruction: str = Field(description="what the agent is asked to do")
     max_steps: int = Field(description="step budget for one rollout")
+    max_tokens: int | None = Field(
+        default=None,
+        description="output budget of one model turn on this task (None: the suite's, else model.max_tokens)",
+    )
     spec: dict[str, Any] = Field(default_factory=dict, description="what the environment needs to replay it")
 
 
-def task_id(suite: str, subset: str, split: Split, seed: int) -> str:
-    return f"{suite}:{subset}:{split}:{seed}"
+def task_id(suite: str, subset: str, split: Split, key: TaskKey) -> str:
+    return f"{suite}:{subset}:{split}:{key}"
 
 
-def parse_task_id(tid: str) -> tuple[str, str, Split, int]:
-    """Inverse of `task_id`; raises ValueError on a malformed id."""
-    parts = tid.split(":")
-    if len(parts) != 4 or parts[2] not in SPLITS or not parts[3].lstrip("-").isdigit():
-        raise ValueError(f"malformed task id {tid!r}: expected '<suite>:<subset>:<split>:<seed>'")
-    return parts[0], parts[1], parts[2], int(parts[3])  # type: ignore[return-value]
+def parse_task_id(tid: str) -> tuple[str, str, Split, str]:
+    """Inverse of `task_id`, the key as written (the suite converts it: `Suite.load`).
+
+    Suite and subset names hold no ':'; a string key may. Raises ValueError on a malformed id."""
+    parts = tid.split(":", 3)
+    if len(parts) != 4 or parts[2] not in SPLITS or not all(parts) or parts[3] != parts[3].strip():
+        raise ValueError(f"malformed task id {tid!r}: expected '<suite>:<subset>:<split>:<key>'")
+    return parts[0], parts[1], parts[2], parts[3]  # type: ignore[return-value]
 
 
 def family_of(tid: str) -> str:
     """A task's family, '<suite>:<subset>': 'textworld-express:coin:train:3' -> 'textworld-express:coin'."""
-    return tid.rsplit(":", 2)[0]
+    return ":".join(tid.split(":", 2)[:2])
 
 
 class ToolCall(BaseModel):
     name: str
     args: dict[str, Any] = Field(default_factory=dict)
+
+
+NO_TOOL_CALL = "no tool call"  # the error of a step whose reply called no tool where one was needed
 
 
 class Step(BaseModel):
@@ -74,6 +88,12 @@ class Step(BaseModel):
         description="tools offered before the policy's rules (`skills.rules.menu_entries`); None: unknown",
     )
 
+    @property
+    def moves_on(self) -> bool:
+        """Whether this step's result is the next observation: a call or a text reply was
+        played (even a refused one). A reply that called no tool changed nothing."""
+        return not (self.tool_call is None and self.error == NO_TOOL_CALL)
+
 
 class PromptRecord(BaseModel):
     """What stays fixed in the actor's prompt for a whole rollout, stored so a trajectory can
@@ -95,6 +115,7 @@ class Trajectory(BaseModel):
     generation: int
     task_id: str
     suite: str
+    suite_version: str = Field(default="", description="`Suite.version` it was played on ('': unrecorded)")
     subset: str
     split: Split
     rollout: int

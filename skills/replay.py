@@ -68,8 +68,8 @@ def replay(
         if fired is None:
             return None
         fired_at.append(fired)
-        if step.tool_call is not None:  # the actor: an executed call (even a refused one) is the next state
-            if step.error is None:
+        if step.moves_on:  # the actor: a played call or text reply (even a refused one) is the next state
+            if step.tool_call is not None and step.error is None:
                 tried.append(Tried(normal(state), call_text(step.tool_call)))
             state = step.tool_result
     return fired_at

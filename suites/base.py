@@ -1,21 +1,43 @@
-"""The suite contract every plug-in implements, and the episode it hands the actor."""
+"""The suite contract every plug-in implements, and the episode it hands the actor.
+
+Contract version 2 (`CONTRACT_VERSION`; docs/extending.md has the table of promises):
+
+* a task's key is a seed (int) for generated tasks or a dataset's item id (str, `key_type`);
+* an episode may end a turn with a text reply instead of a tool call (`text_replies`);
+* a suite or a task may set the output budget of one model turn (`max_tokens`);
+* a suite has a version (declared, or the hash of its code), recorded with every rollout;
+* any exception but `ActionError` from `reset`, `step`, `reply` or an expert replay ends
+  that rollout as an error with its message stored, never the run.
+
+`ratchet.suites.testing` checks a suite against these promises (the conformance kit).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import random
+import sys
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar
 
 from ratchet.errors import UnknownSuiteError
-from ratchet.types import Split, Task, ToolCall, ToolSpec, parse_task_id, task_id
+from ratchet.types import Split, Task, TaskKey, ToolCall, ToolSpec, parse_task_id, task_id
+
+CONTRACT_VERSION = 2
 
 
 class ActionError(Exception):
     """The model asked for something invalid (unknown tool, bad arguments, illegal move).
 
     The actor shows the message to the model as the tool result and the episode goes on;
-    any other exception from an episode is a bug and ends the rollout with status 'error'.
+    any other exception from an episode ends the rollout with status 'error' and its
+    message stored (the run goes on).
     """
 
 
@@ -34,6 +56,10 @@ class StepResult:
 class Episode(ABC):
     """One live environment instance for one task. Not thread-safe; one rollout owns it."""
 
+    text_replies: ClassVar[bool] = False
+    """True if a text reply (no tool call) is a turn: the actor then offers the model
+    `tool_choice="auto"` and passes the text to `reply`. False: every turn must call a tool."""
+
     def __init__(self, task: Task) -> None:
         self.task = task
 
@@ -49,6 +75,14 @@ class Episode(ABC):
     def step(self, call: ToolCall) -> StepResult:
         """Apply one tool call. Raise ActionError for invalid model input."""
 
+    def reply(self, text: str) -> StepResult:
+        """Apply a text reply (only asked when `text_replies`). Raise ActionError to refuse it."""
+        raise ActionError("this task takes tool calls only: call one of the tools")
+
+    def play(self, action: ToolCall | str) -> StepResult:
+        """One turn of a plan: a tool call (`step`) or a text reply (`reply`)."""
+        return self.reply(action) if isinstance(action, str) else self.step(action)
+
     def valid_actions(self) -> list[ToolCall]:
         """Enumerable legal actions now, if the environment knows them (else empty)."""
         return []
@@ -57,8 +91,9 @@ class Episode(ABC):
         actions = self.valid_actions()
         return rng.choice(actions) if actions else None
 
-    def expert_actions(self) -> list[ToolCall] | None:
-        """A reference solution from the current state, if the suite knows one."""
+    def expert_actions(self) -> list[ToolCall | str] | None:
+        """A reference solution from the current state, if the suite knows one: tool calls,
+        and (where `text_replies`) a `str` for a text reply."""
         return None
 
     def close(self) -> None:
@@ -77,6 +112,14 @@ class Suite(ABC):
     name: str = ""
     description: str = ""
     default_subsets: tuple[str, ...] = ()
+    key_type: ClassVar[type[int] | type[str]] = int
+    """int: tasks are generated from seeds; str: a fixed dataset's items, named by their ids."""
+    max_tokens: ClassVar[int | None] = None
+    """Output budget of one model turn on this suite's tasks (a task's own `max_tokens` wins;
+    None: the `model.max_tokens` setting)."""
+    declared_version: ClassVar[str] = ""
+    """Bump it when a change alters what a task is or how it is verified; empty: `version` is
+    the hash of the suite's code (every module of its package) and its distribution version."""
 
     def __init__(self, subsets: list[str] | None = None) -> None:
         self.subsets = list(subsets or self.default_subsets)
@@ -89,6 +132,12 @@ class Suite(ABC):
                     f"choose from: {', '.join(sorted(known))}",
                 )
 
+    @cached_property
+    def version(self) -> str:
+        """What a stored rollout was played with: resume never mixes two versions in one
+        evolution. Declared, or a hash of the suite's code and its distribution's version."""
+        return self.declared_version or code_version(type(self))
+
     @classmethod
     def available_subsets(cls) -> list[str]:
         return list(cls.default_subsets)
@@ -96,20 +145,27 @@ class Suite(ABC):
     def check(self) -> None:
         """Raise a RatchetError if a system prerequisite is missing (e.g. Java)."""
 
-    @abstractmethod
-    def make_task(self, subset: str, split: Split, seed: int) -> Task:
-        """Build the task for (subset, split, seed); must be a pure function of its arguments."""
+    def split_sizes(self, subset: str) -> dict[Split, int | None]:
+        """How many tasks each split of a subset holds (None: as many as asked for, generated)."""
+        return {"train": None, "dev": None, "test": None}
 
     @abstractmethod
-    def split_seeds(self, subset: str, split: Split, n: int) -> list[int]:
-        """The first n seeds of a split; splits never share a seed."""
+    def make_task(self, subset: str, split: Split, seed: TaskKey) -> Task:
+        """Build the task for (subset, split, key); must be a pure function of its arguments."""
+
+    @abstractmethod
+    def split_seeds(self, subset: str, split: Split, n: int) -> Sequence[TaskKey]:
+        """The first n keys (seeds, or item ids) of a split, in a fixed order; splits never
+        share a key. Raise ValueError when the split has fewer than n."""
 
     @abstractmethod
     def episode(self, task: Task) -> Episode:
         """A fresh environment for the task."""
 
-    def new_task(self, subset: str, split: Split, seed: int, **fields: Any) -> Task:
-        """A Task of this suite whose id is derived from (suite, subset, split, seed)."""
+    def new_task(self, subset: str, split: Split, seed: TaskKey, **fields: Any) -> Task:
+        """A Task of this suite whose id is derived from (suite, subset, split, key); its output
+        budget is the suite's `max_tokens` unless the task sets its own."""
+        fields.setdefault("max_tokens", self.max_tokens)
         return Task(
             id=task_id(self.name, subset, split, seed),
             suite=self.name,
@@ -129,10 +185,37 @@ class Suite(ABC):
 
     def load(self, tid: str) -> Task:
         """Rebuild a task from its id alone."""
-        suite, subset, split, seed = parse_task_id(tid)
+        suite, subset, split, raw = parse_task_id(tid)
         if suite != self.name:
             raise ValueError(f"task {tid!r} belongs to suite {suite!r}, not {self.name!r}")
-        return self.make_task(subset, split, seed)
+        if self.key_type is int:
+            try:
+                return self.make_task(subset, split, int(raw))
+            except ValueError:
+                if not raw.lstrip("-").isdigit():
+                    raise ValueError(f"task {tid!r}: suite {self.name!r} keys its tasks by seeds") from None
+                raise
+        return self.make_task(subset, split, raw)
 
     def close(self) -> None:
         """Release pooled resources."""
+
+
+def code_version(cls: type) -> str:
+    """A hash of the code that defines `cls` (every .py file of its top-level package, or its
+    module alone when the package lives elsewhere) and of its distribution's version, which
+    names the data a plug-in ships."""
+    source = Path(inspect.getfile(cls)).resolve()
+    top = cls.__module__.split(".")[0]
+    root = getattr(sys.modules.get(top), "__file__", None)
+    base, files = source.parent, [source]  # a top-level module: that file alone
+    if root and top != cls.__module__:
+        package = Path(root).resolve().parent
+        found = sorted(package.rglob("*.py"))
+        if source in found:  # else the class's subpackage is mapped from another folder
+            base, files = package, found
+    dists = sorted(f"{d}=={metadata.version(d)}" for d in metadata.packages_distributions().get(top, []))
+    digest = hashlib.sha256("\n".join(dists).encode())
+    for f in files:
+        digest.update(f.relative_to(base).as_posix().encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:12]

@@ -259,6 +259,12 @@ class ReasoningGymSuite(Suite):
     name = "reasoning-gym"
     description = "reasoning-gym procedurally generated problems, verified by score_answer"
     default_subsets = ("basic_arithmetic", "chain_sum", "countdown")
+    # bump the number when a change here alters a task or its verdict; the dataset version is
+    # part of it, so an upgraded reasoning-gym never resumes an evolution played on the old one
+    declared_version = f"1+reasoning-gym-{_package_version()}"
+
+    def split_sizes(self, subset: str) -> dict[Split, int | None]:
+        return dict.fromkeys(SPLITS, SEEDS_PER_SPLIT)  # type: ignore[return-value]
 
     @classmethod
     def available_subsets(cls) -> list[str]:

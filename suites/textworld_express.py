@@ -17,6 +17,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from ratchet.errors import EnvironmentMissingError
@@ -165,12 +166,21 @@ class _EnvPool:
             _shutdown(env)
 
 
+def _twx_version() -> str:
+    try:
+        return metadata.version("textworld-express")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class TextWorldExpressSuite(Suite):
     """TWX games as tasks; subsets are game names, splits are TWX's seed folds."""
 
     name = "textworld-express"
     description = "TextWorldExpress text games (Java 17): valid actions each turn, gold paths"
     default_subsets = ("coin", "mapreader", "sorting")
+    # bump the number when a change here alters a task, its budget or its verdict
+    declared_version = f"1+textworld-express-{_twx_version()}"
 
     def __init__(self, subsets: list[str] | None = None) -> None:
         super().__init__(subsets)
@@ -206,6 +216,9 @@ class TextWorldExpressSuite(Suite):
         with self._lock:
             self._fold_seeds[key] = seeds
         return seeds
+
+    def split_sizes(self, subset: str) -> dict[Split, int | None]:
+        return {split: len(self.fold_seeds(subset, split)) for split in ("train", "dev", "test")}
 
     def split_seeds(self, subset: str, split: Split, n: int) -> list[int]:
         seeds = self.fold_seeds(subset, split)

@@ -122,12 +122,28 @@ def test_invalid_action_is_shown_to_the_model_and_the_episode_goes_on():
     assert "Invalid action" in llm.calls[1]["messages"][-1].content
 
 
-def test_reply_without_tool_call_counts_as_a_step_and_is_not_kept_in_history():
+def test_reply_without_tool_call_is_shown_back_so_a_greedy_retry_asks_something_else():
+    """At temperature 0 the same prompt gives the same reply: the failed turn and a note on
+    what went wrong stay in the history, so the next ask is a different prompt."""
     from langchain_core.messages import AIMessage
 
-    traj, llm = play([AIMessage(content="hmm"), call("act", action="up"), call("act", action="up")])
+    cut = AIMessage(content='{"name": "act", "argu', response_metadata={"finish_reason": "length"})
+    traj, llm = play([AIMessage(content="hmm"), cut, call("act", action="up"), call("act", action="up")])
     assert traj.success and traj.steps[0].error == "no tool call" and traj.steps[0].message == "hmm"
-    assert all(getattr(m, "content", None) != "hmm" for m in llm.calls[1]["messages"])
+    assert "called no tool" in traj.steps[0].tool_result
+    assert "cut off at the output limit" in traj.steps[1].tool_result
+    asked = [[m.content for m in c["messages"]] for c in llm.calls]
+    assert asked[0] != asked[1] != asked[2]
+    assert "hmm" in asked[1] and any("called no tool" in str(m) for m in asked[1])
+    # the environment did not move: the next call still sees the first observation with its options
+    assert traj.steps[2].observation == traj.steps[0].observation == "value 0"
+
+
+def test_output_budget_of_the_task_reaches_every_model_call():
+    _, llm = play([call("act", action="up")] * 2, max_tokens=321)
+    assert [c["kwargs"]["max_tokens"] for c in llm.calls] == [321, 321]
+    _, llm = play([call("act", action="up")] * 2)
+    assert "max_tokens" not in llm.calls[0]["kwargs"]  # the chat model's own default
 
 
 def test_step_budget_ends_the_rollout_as_a_failure():

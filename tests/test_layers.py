@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("suites", "server", "memory", "diagnosis"),
     ("skills",),
     ("agents",),
-    ("training",),
+    ("training", "conformance"),  # conformance: the kit plug-in authors run on their suites
     ("flows",),
     ("dashboard",),
     ("cli",),

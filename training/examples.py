@@ -6,9 +6,11 @@ as the target. The prompt is rebuilt by the actor's own `build_prompt` and conve
 same function ChatOpenAI uses to send it, then rendered by the embedded server's own
 template code, so the fine-tuning data is token for token what the model was shown.
 
-A step is an example only if it called a tool: a reply without one was never kept in the
-actor's history. Epsilon-random steps are examples too: they are part of the path that
-succeeded, and the quality filter (training/dataset.py) has already refused lucky paths.
+A step is an example if it called a tool, or if its text reply was the turn of an episode
+that takes text replies. A reply that called no tool where one was needed is not an example,
+but it stays in the history with the note the actor answered it with, as the actor kept it.
+Epsilon-random steps are examples too: they are part of the path that succeeded, and the
+quality filter (training/dataset.py) has already refused lucky paths.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langchain_openai.chat_models.base import _convert_message_to_dict
 
-from ratchet.agents.actor import build_prompt
+from ratchet.agents.actor import build_prompt, text_turn
 from ratchet.hashing import content_hash
 from ratchet.toolcalls import render_tools, to_chatml_messages
 from ratchet.types import Trajectory
@@ -67,17 +69,22 @@ def replay(traj: Trajectory) -> list[ChatExample]:
     shown = rec.first_observation  # what the latest message says, before options are appended
     out: list[ChatExample] = []
     for step in traj.steps:
-        if step.tool_call is None:
+        if not step.moves_on:  # a reply that called no tool: not learned
+            history += text_turn(step)  # ...but the actor kept it (with its note) in the history
             continue
         options = _options(step.observation, shown, traj.id, step.index)
         prompt = build_prompt(rec.system, rec.task, history, rec.window, options)
         call_id = f"call_{step.index}"
-        ai = AIMessage(
-            content="",
-            tool_calls=[
-                {"name": step.tool_call.name, "args": step.tool_call.args, "id": call_id, "type": "tool_call"}
-            ],
-        )
+        if step.tool_call is None:  # a text reply an episode took as its turn (`Episode.text_replies`)
+            ai = AIMessage(content=step.message)
+            turn: list[AnyMessage] = text_turn(step)
+        else:
+            call = step.tool_call
+            ai = AIMessage(
+                content="",
+                tool_calls=[{"name": call.name, "args": call.args, "id": call_id, "type": "tool_call"}],
+            )
+            turn = [ai, ToolMessage(content=step.tool_result, tool_call_id=call_id)]
         out.append(
             ChatExample(
                 messages=[_convert_message_to_dict(m) for m in prompt],
@@ -88,7 +95,7 @@ def replay(traj: Trajectory) -> list[ChatExample]:
                 step=step.index,
             )
         )
-        history += [ai, ToolMessage(content=step.tool_result, tool_call_id=call_id)]
+        history += turn
         shown = step.tool_result
     return out
 

@@ -1,0 +1,343 @@
+"""The suite conformance kit: the promises of `suites/base.py`, checked on a real suite.
+
+A plug-in author runs it three ways, all over the same checks:
+
+* `ratchet suites check NAME[:subsets]`: one line per check, exit 1 on a failure;
+* from pytest, `ratchet.conformance.testing.SuiteConformance` (one test per check);
+* in code, `ratchet.conformance.check_suite(suite)` returns a `CheckResult` per check.
+
+What it checks (each on a few tasks of every subset and split, no model involved): ids
+replay (`load(id)` gives the same task, `make_task` is pure), splits are fixed and disjoint
+and refuse a size they do not have, tool schemas are JSON schemas a server can constrain a
+call with, expert trajectories pass the verifier, wrong answers fail it, invalid model input
+raises `ActionError` (never another exception), an episode played by the real actor graph
+with a scripted model keeps going after invalid input, and the version is stable.
+
+What it cannot check: that the verifier is *right* (only that a reference solution passes
+and junk does not), thread safety under many rollouts, or how long a task takes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from ratchet.agents.actor import ActorSettings, build_actor
+from ratchet.agents.rollout import RolloutSlot, run_expert, run_rollout
+from ratchet.agents.testing import ScriptedChatModel, call
+from ratchet.suites.base import ActionError, Episode, StepResult, Suite
+from ratchet.types import SPLITS, Policy, Split, Task, ToolCall, ToolSpec, parse_task_id, task_id
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept
+JUNK = "zq-not-an-answer-7731"  # no verifier should take this for a right answer
+
+
+class ConformanceError(AssertionError):
+    """A promise of the suite contract that the suite does not keep."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str  # what failed, or what was covered
+
+
+Check = Callable[[Suite, int], str]
+CHECKS: dict[str, Check] = {}
+
+
+def check(fn: Check) -> Check:
+    """Register a check: it raises ConformanceError on a broken promise, else says what it covered."""
+    CHECKS[fn.__name__] = fn
+    return fn
+
+
+def check_suite(suite: Suite, tasks_per_split: int = 3) -> list[CheckResult]:
+    """Every check on `suite`; one result each, a broken promise never stops the others."""
+    out = []
+    for name, fn in CHECKS.items():
+        try:
+            out.append(CheckResult(name, True, fn(suite, tasks_per_split)))
+        except Exception as exc:  # noqa: BLE001 - a plug-in's bug is a failed check, reported in one line
+            detail = str(exc) if isinstance(exc, ConformanceError) else f"{type(exc).__name__}: {exc}"
+            out.append(CheckResult(name, False, " ".join(detail.split())[:300]))
+    return out
+
+
+def sample(suite: Suite, split: Split, n: int) -> list[Task]:
+    """Up to n tasks per subset of a split (fewer when the split is smaller)."""
+    tasks = []
+    for subset in suite.subsets:
+        size = suite.split_sizes(subset)[split]
+        for key in suite.split_seeds(subset, split, n if size is None else min(n, size)):
+            tasks.append(suite.make_task(subset, split, key))
+    return tasks
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConformanceError(message)
+
+
+def _tasks(suite: Suite, n: int) -> Iterator[Task]:
+    for split in SPLITS:
+        yield from sample(suite, split, n)
+
+
+# ------------------------------------------------------------------ the checks
+
+
+@check
+def ids_replay(suite: Suite, n: int) -> str:
+    """`load(id)` rebuilds the same task; `make_task` is a pure function; ids are well formed."""
+    count = 0
+    for task in _tasks(suite, n):
+        _require(task.suite == suite.name, f"task {task.id} says suite {task.suite!r}, not {suite.name!r}")
+        _require(
+            task.id == task_id(suite.name, task.subset, task.split, task.seed),
+            f"task id {task.id!r} is not '<suite>:<subset>:<split>:<key>' (build tasks with new_task)",
+        )
+        _require(":" not in task.subset, f"subset {task.subset!r} holds ':'")
+        _require(
+            isinstance(task.seed, suite.key_type),
+            f"task {task.id}: key {task.seed!r} is not a {suite.key_type.__name__}",
+        )
+        parse_task_id(task.id)
+        _require(suite.load(task.id) == task, f"load({task.id!r}) built another task")
+        again = suite.make_task(task.subset, task.split, task.seed)
+        _require(again == task, f"make_task is not pure: {task.id} came out different the second time")
+        _require(task.max_steps > 0, f"task {task.id} has max_steps {task.max_steps}")
+        _require(
+            task.max_tokens is None or task.max_tokens > 0, f"task {task.id}: max_tokens {task.max_tokens}"
+        )
+        count += 1
+    _require(count > 0, "no tasks: every split of every subset is empty")
+    return f"{count} tasks rebuilt from their ids"
+
+
+@check
+def splits_fixed_and_disjoint(suite: Suite, n: int) -> str:
+    """Keys come in a fixed order, no key is in two splits, a split refuses a size it lacks."""
+    for subset in suite.subsets:
+        sizes = suite.split_sizes(subset)
+        keys: dict[Split, list[Any]] = {}
+        for split in SPLITS:
+            size = sizes[split]
+            k = n if size is None else min(n, size)
+            first = list(suite.split_seeds(subset, split, k))
+            _require(len(first) == k, f"{subset} {split}: asked for {k} keys, got {len(first)}")
+            _require(
+                first == list(suite.split_seeds(subset, split, k)),
+                f"{subset} {split}: keys change between calls",
+            )
+            _require(len(set(first)) == k, f"{subset} {split}: a key repeats")
+            if size is not None and size > k:
+                longer = list(suite.split_seeds(subset, split, k + 1))
+                _require(
+                    longer[:k] == first, f"{subset} {split}: the first {k} keys depend on how many are asked"
+                )
+            keys[split] = first
+            if size is not None:
+                try:
+                    suite.split_seeds(subset, split, size + 1)
+                except ValueError:
+                    pass
+                else:
+                    raise ConformanceError(
+                        f"{subset} {split} holds {size} tasks but gave {size + 1} keys, not ValueError"
+                    )
+        for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+            shared = sorted(map(str, set(keys[a]) & set(keys[b])))  # type: ignore[index]
+            if shared:
+                raise ConformanceError(f"{subset}: key {shared[0]} is in both {a} and {b}")
+    return f"{len(suite.subsets)} subsets × 3 splits"
+
+
+@check
+def tool_schemas(suite: Suite, n: int) -> str:
+    """Every tool is a function a server can constrain a call to: a name servers accept and
+    an object JSON schema."""
+    seen = 0
+    for task in sample(suite, "train", n):
+        with suite.episode(task) as episode:
+            episode.reset()
+            tools = episode.tools()
+            _require(
+                bool(tools) or episode.text_replies, f"{task.id}: no tools, and text replies are not taken"
+            )
+            for tool in tools:
+                _check_tool(task, tool)
+                seen += 1
+    return f"{seen} tool definitions"
+
+
+def _check_tool(task: Task, tool: ToolSpec) -> None:
+    _require(
+        bool(TOOL_NAME.match(tool.name)), f"{task.id}: tool name {tool.name!r} is not [A-Za-z0-9_-]{{1,64}}"
+    )
+    try:
+        Draft202012Validator.check_schema(tool.parameters)
+    except SchemaError as exc:
+        raise ConformanceError(f"{task.id}: tool {tool.name}: not a JSON schema: {exc.message}") from None
+    _require(
+        tool.parameters.get("type") == "object",
+        f"{task.id}: tool {tool.name}: parameters must be an object schema",
+    )
+
+
+@check
+def experts_pass(suite: Suite, n: int) -> str:
+    """A reference solution (where the suite has one) is a successful expert trajectory."""
+    played = 0
+    for task in sample(suite, "train", n):
+        traj = run_expert(suite, RolloutSlot("conformance", 0, task, -1))
+        if traj is None:
+            with suite.episode(task) as episode:
+                episode.reset()
+                if episode.expert_actions():
+                    raise ConformanceError(f"{task.id}: the reference solution does not solve the task")
+            continue
+        _require(traj.status == "finished", f"{task.id}: the reference solution raised {traj.error}")
+        _require(traj.success, f"{task.id}: the reference solution is not verified as a success")
+        played += 1
+    return f"{played} reference solutions verified" if played else "no reference solutions (optional)"
+
+
+@check
+def wrong_answers_fail(suite: Suite, n: int) -> str:
+    """Junk answers (a nonsense string for every string argument, outside any enum; a text
+    reply of junk) are refused (`ActionError`) or played, but never verified as a success."""
+    tried = 0
+    for task in sample(suite, "train", n):
+        for action in _junk_actions(suite, task):
+            result = _play_fresh(suite, task, action)
+            _require(
+                result is None or not result.success, f"{task.id}: junk {action!r} was verified as a success"
+            )
+            tried += 1
+    return f"{tried} junk answers refused or failed"
+
+
+def _play_fresh(suite: Suite, task: Task, action: ToolCall | str) -> StepResult | None:
+    """`action` on a fresh episode of `task`: its result, or None when it raised ActionError.
+    Any other exception is a broken promise: what the model gets wrong must be ActionError."""
+    with suite.episode(task) as episode:
+        episode.reset()
+        try:
+            return episode.play(action)
+        except ActionError:
+            return None
+        except Exception as exc:
+            raise ConformanceError(
+                f"{task.id}: {action!r} raised {type(exc).__name__}: {exc} "
+                "(invalid model input must raise ActionError)"
+            ) from None
+
+
+def _junk_actions(suite: Suite, task: Task) -> list[ToolCall | str]:
+    with suite.episode(task) as episode:
+        episode.reset()
+        tools, text = episode.tools(), episode.text_replies
+    out: list[ToolCall | str] = [JUNK] if text else []
+    for tool in tools:
+        props = tool.parameters.get("properties", {})
+        strings = {k: JUNK for k, v in props.items() if v.get("type") == "string"}  # off any enum too
+        if strings:
+            others = {k: _filler(v) for k, v in props.items() if k not in strings}
+            out.append(ToolCall(name=tool.name, args=strings | others))
+    return out
+
+
+def _filler(schema: dict[str, Any]) -> Any:
+    if "enum" in schema:
+        return schema["enum"][0]
+    return {"integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}.get(
+        schema.get("type"), JUNK
+    )
+
+
+@check
+def invalid_input_is_action_error(suite: Suite, n: int) -> str:
+    """What the model gets wrong (an unknown tool, missing or mistyped arguments) raises
+    `ActionError`, which the model is shown; any other exception would end the rollout."""
+    tried = 0
+    for task in sample(suite, "train", n):
+        with suite.episode(task) as episode:
+            episode.reset()
+            names = [t.name for t in episode.tools()]
+        bad = [ToolCall(name="no_such_tool_x", args={})]
+        bad += [ToolCall(name=name, args={}) for name in names]
+        bad += [ToolCall(name=name, args={"unexpected_arg": [1, {"x": None}]}) for name in names]
+        for action in bad:
+            result = _play_fresh(suite, task, action)
+            _require(
+                result is None or not result.success, f"{task.id}: {action.name}({action.args}) was a success"
+            )
+            tried += 1
+    return f"{tried} invalid calls"
+
+
+@check
+def plays_through_the_actor(suite: Suite, n: int) -> str:
+    """The real actor graph with a scripted model: invalid input first, then junk; the
+    rollout finishes (no error status) within its budget."""
+    for task in sample(suite, "test", 1):
+        script = _Script(suite, task)
+        traj = run_rollout(
+            build_actor(ScriptedChatModel(script=script)),
+            suite,
+            RolloutSlot("conformance", 0, task, 0),
+            Policy(model="scripted"),
+            ActorSettings(max_steps=min(task.max_steps, 4)),
+        )
+        _require(traj.status == "finished", f"{task.id}: the rollout ended in an error: {traj.error}")
+        _require(traj.steps and traj.steps[0].error, f"{task.id}: the unknown tool was not refused")
+        _require(not traj.success, f"{task.id}: junk solved the task")
+    return "unknown tool refused, rollout finished"
+
+
+class _Script:
+    """First an unknown tool, then junk answers."""
+
+    def __init__(self, suite: Suite, task: Task) -> None:
+        self.junk = _junk_actions(suite, task)
+        self.turn = 0
+
+    def __call__(self, messages: list[Any], tools: list[dict[str, Any]]) -> Any:
+        from langchain_core.messages import AIMessage
+
+        self.turn += 1
+        if self.turn == 1 or not self.junk:
+            return call("no_such_tool_x")
+        action = self.junk[(self.turn - 2) % len(self.junk)]
+        return AIMessage(content=action) if isinstance(action, str) else call(action.name, **action.args)
+
+
+@check
+def version_is_stable(suite: Suite, n: int) -> str:
+    """The version recorded with every rollout is set and the same for a new instance."""
+    version = suite.version
+    _require(bool(version), "Suite.version is empty")
+    other = type(suite)(suite.subsets)
+    try:
+        _require(other.version == version, f"two instances give versions {version} and {other.version}")
+    finally:
+        other.close()
+    return f"version {version}"
+
+
+@check
+def episodes_close_twice(suite: Suite, n: int) -> str:
+    """`Episode.close` is idempotent (the actor's `with` and a pool may both close it)."""
+    for task in sample(suite, "train", 1):
+        episode: Episode = suite.episode(task)
+        episode.reset()
+        episode.close()
+        episode.close()
+    return "closed twice"

@@ -1,0 +1,1 @@
+"""ratchet-desk: an example suite plug-in (see README.md)."""

@@ -1,0 +1,183 @@
+"""The conformance kit: both shipped suites keep every promise, and each way a plug-in can
+break a promise is caught by the check that names it (and only that one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ratchet.conformance import CHECKS, check_suite
+from ratchet.conformance.testing import SuiteConformance
+from ratchet.suites.base import ActionError, Episode, StepResult, Suite
+from ratchet.types import Task, ToolCall, ToolSpec
+
+
+@pytest.mark.integration  # Java
+class TestTextWorldExpress(SuiteConformance):
+    suite_spec = "textworld-express:coin,mapreader"
+    tasks_per_split = 2
+
+
+class TestReasoningGym(SuiteConformance):
+    suite_spec = "reasoning-gym:chain_sum,propositional_logic"
+
+
+GUESS = ToolSpec(
+    name="guess",
+    description="guess the number",
+    parameters={"type": "object", "properties": {"n": {"type": "integer"}, "note": {"type": "string"}}},
+)
+
+
+class GuessEpisode(Episode):
+    def reset(self) -> StepResult:
+        return StepResult("guess a number from 1 to 10")
+
+    def tools(self) -> list[ToolSpec]:
+        return [GUESS]
+
+    def step(self, call: ToolCall) -> StepResult:
+        if call.name != "guess" or not isinstance(call.args.get("n"), int):
+            raise ActionError("call guess with an integer n")
+        won = call.args["n"] == self.task.spec["secret"]
+        return StepResult("right" if won else "wrong", done=won, success=won, score=float(won))
+
+    def expert_actions(self) -> list[ToolCall | str] | None:
+        return [ToolCall(name="guess", args={"n": self.task.spec["secret"]})]
+
+
+class GuessSuite(Suite):
+    """A well-behaved suite; each subclass below breaks one promise."""
+
+    name = "guess"
+    default_subsets = ("easy",)
+    declared_version = "1"
+    episode_cls: type[Episode] = GuessEpisode
+    SIZE = 5
+
+    def split_sizes(self, subset: str) -> dict[str, int | None]:  # type: ignore[override]
+        return dict.fromkeys(("train", "dev", "test"), self.SIZE)
+
+    def split_seeds(self, subset, split, n):  # type: ignore[no-untyped-def]
+        if n > self.SIZE:
+            raise ValueError(f"at most {self.SIZE}")
+        return [{"train": 0, "dev": 100, "test": 200}[split] + i for i in range(n)]
+
+    def make_task(self, subset, split, seed):  # type: ignore[no-untyped-def]
+        return self.new_task(
+            subset, split, seed, instruction="guess", max_steps=3, spec={"secret": seed % 10 + 1}
+        )
+
+    def episode(self, task: Task) -> Episode:
+        return self.episode_cls(task)
+
+
+def failing(suite: Suite) -> dict[str, str]:
+    return {r.name: r.detail for r in check_suite(suite, 3) if not r.ok}
+
+
+def test_a_well_behaved_suite_passes_every_check() -> None:
+    assert failing(GuessSuite()) == {}
+    assert len(CHECKS) >= 9
+
+
+class Overlapping(GuessSuite):
+    def split_seeds(self, subset, split, n):  # type: ignore[no-untyped-def]
+        if n > self.SIZE:
+            raise ValueError(f"at most {self.SIZE}")
+        return list(range(n))  # the same seeds in every split
+
+
+class Impure(GuessSuite):
+    calls = 0
+
+    def make_task(self, subset, split, seed):  # type: ignore[no-untyped-def]
+        Impure.calls += 1
+        return self.new_task(
+            subset, split, seed, instruction=f"guess ({Impure.calls})", max_steps=3, spec={"secret": 1}
+        )
+
+
+class Unbounded(GuessSuite):
+    def split_seeds(self, subset, split, n):  # type: ignore[no-untyped-def]
+        return [{"train": 0, "dev": 100, "test": 200}[split] + i for i in range(n)]  # never ValueError
+
+
+class LaxEpisode(GuessEpisode):
+    def step(self, call: ToolCall) -> StepResult:
+        return StepResult("right", done=True, success=True, score=1.0)  # everything wins
+
+
+class CrashingEpisode(GuessEpisode):
+    def step(self, call: ToolCall) -> StepResult:
+        return super().step(call) if "n" in call.args else StepResult(str(call.args["n"]))  # KeyError
+
+
+class BadSchemaEpisode(GuessEpisode):
+    def tools(self) -> list[ToolSpec]:
+        return [ToolSpec(name="guess number!", description="", parameters={"type": "objekt"})]
+
+
+class WrongExpertEpisode(GuessEpisode):
+    def expert_actions(self) -> list[ToolCall | str] | None:
+        return [ToolCall(name="guess", args={"n": 11})]
+
+
+class DriftingVersion(GuessSuite):
+    declared_version = ""
+    made = 0
+
+    def __init__(self, subsets: Any = None) -> None:
+        super().__init__(subsets)
+        DriftingVersion.made += 1
+        self.__dict__["version"] = f"v{DriftingVersion.made}"  # e.g. a hash of the time or a temp path
+
+
+class Unclosable(GuessEpisode):
+    closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            raise RuntimeError("already closed")
+        self.closed = True
+
+
+# a verifier that takes anything also takes an unknown tool, and lets junk win the actor's game
+ACCEPTS_ALL = {"invalid_input_is_action_error", "plays_through_the_actor"}
+
+
+def _with(episode: type[Episode]) -> type[GuessSuite]:
+    return type(f"Suite{episode.__name__}", (GuessSuite,), {"episode_cls": episode})
+
+
+@pytest.mark.parametrize(
+    ("suite_cls", "broken", "says", "also"),
+    [
+        (Overlapping, "splits_fixed_and_disjoint", "is in both train and dev", set()),
+        (Impure, "ids_replay", "built another task", set()),
+        (Unbounded, "splits_fixed_and_disjoint", "not ValueError", set()),
+        (_with(LaxEpisode), "wrong_answers_fail", "was verified as a success", ACCEPTS_ALL),
+        (_with(CrashingEpisode), "invalid_input_is_action_error", "raised KeyError", set()),
+        (_with(BadSchemaEpisode), "tool_schemas", "is not [A-Za-z0-9_-]", set()),
+        (_with(WrongExpertEpisode), "experts_pass", "does not solve the task", set()),
+        (DriftingVersion, "version_is_stable", "two instances give versions", set()),
+        (_with(Unclosable), "episodes_close_twice", "already closed", set()),
+    ],
+)
+def test_each_broken_promise_is_named_by_its_check(
+    suite_cls: type[Suite], broken: str, says: str, also: set[str]
+) -> None:
+    failed = failing(suite_cls())
+    assert broken in failed, failed
+    assert says in failed[broken]
+    assert set(failed) == {broken} | also, failed
+
+
+def test_a_crashing_check_is_a_failed_check_not_a_crashed_kit() -> None:
+    class Exploding(GuessSuite):
+        def split_sizes(self, subset: str) -> dict[str, int | None]:  # type: ignore[override]
+            raise OSError("data file missing")
+
+    failed = failing(Exploding())
+    assert failed and all("OSError: data file missing" in d for d in failed.values())
