@@ -124,5 +124,4 @@ def test_a_reply_cut_off_by_the_output_budget_is_shown_back_on_the_real_engine(
     )
     assert traj.status == "finished" and [s.error for s in traj.steps] == ["no tool call", "no tool call"]
     assert all("cut off at the output limit" in s.tool_result for s in traj.steps)
-    assert all(s.completion_tokens <= 3 for s in traj.steps)
     assert traj.steps[1].prompt_tokens > traj.steps[0].prompt_tokens  # the failed turn was shown
