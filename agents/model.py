@@ -23,7 +23,7 @@ from langchain_openai import ChatOpenAI
 from langchain_openai.chat_models.base import _convert_message_to_dict
 
 from ratchet.errors import TransientModelError
-from ratchet.toolcalls import read_reply, render_tools, to_chatml_messages, tool_call_schema
+from ratchet.toolcalls import read_cut_text, read_reply, render_tools, to_chatml_messages, tool_call_schema
 
 ToolCallMode = Literal["native", "json"]
 
@@ -131,6 +131,8 @@ def _read(msg: BaseMessage) -> BaseMessage:
         )
     if isinstance(reply, str):
         return msg.model_copy(update={"content": reply})
+    if (cut := read_cut_text(str(msg.content))) is not None:  # a text reply cut off by the limit
+        return msg.model_copy(update={"content": cut})
     return msg
 
 

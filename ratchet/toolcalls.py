@@ -95,6 +95,23 @@ def read_reply(text: str) -> tuple[str, dict[str, Any]] | str | None:
     return None
 
 
+def read_cut_text(text: str) -> str | None:
+    """The text so far of a `{"content": ...}` reply cut off by the output limit (None if the
+    reply is not one): a text reply that ran out of tokens is still what the model said, not
+    a fragment of JSON to show anyone."""
+    head = text.lstrip()
+    if not head.startswith("{"):
+        return None
+    tries = [head + '"}', head + "}"]  # cut inside the string, or just after it
+    if head.endswith("\\"):  # cut inside an escape: what it escaped was never said
+        tries.insert(0, head[:-1] + '"}')
+    for attempt in tries:
+        reply = read_reply(attempt)
+        if isinstance(reply, str):
+            return reply
+    return None
+
+
 def _loads(s: Any) -> Any:
     if isinstance(s, str):
         try:

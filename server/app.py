@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.server.engine import AdapterError, Engine, GenRequest, GenResult
-from ratchet.toolcalls import read_reply, render_tools, to_chatml_messages, tool_call_schema
+from ratchet.toolcalls import read_cut_text, read_reply, render_tools, to_chatml_messages, tool_call_schema
 
 
 class ChatRequest(BaseModel):
@@ -204,6 +204,8 @@ def completion_body(model: str, res: GenResult, tool_mode: bool) -> dict[str, An
         finish = "tool_calls"
     elif isinstance(reply, str):
         message["content"] = reply
+    elif tool_mode and (cut := read_cut_text(res.text)) is not None:
+        message["content"] = cut  # finish_reason stays "length": the caller knows it was cut
     completion = len(res.token_ids) + (1 if res.finish_reason == "stop" else 0)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",

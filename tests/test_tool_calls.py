@@ -220,3 +220,28 @@ def test_llama_cpp_server_plays_through_json_tool_calls(tmp_path: Path) -> None:
         assert probe_tool_calls(url, "smollm2-135m-instruct") == "json"
         games = _play(url, "json")
     assert all(name == "act" and args.get("action") for game in games for name, args in game)
+
+
+@pytest.mark.parametrize(
+    ("text", "cut"),
+    [
+        ('{"content":"The weather in Pe', "The weather in Pe"),
+        ('{"content": "a \\"quote\\" and a lone \\', 'a "quote" and a lone '),
+        ('{"content":"done"', "done"),
+        ('{"name":"act","arguments":{"action":"mo', None),  # a cut call is no text
+        ('{"name":"act","arguments":{}', None),
+        ("plain words", None),
+    ],
+)
+def test_a_text_reply_cut_off_by_the_limit_is_read_as_its_text_so_far(text: str, cut: str | None) -> None:
+    from ratchet.server.app import completion_body
+    from ratchet.server.engine import GenResult
+    from ratchet.toolcalls import read_cut_text
+
+    assert read_cut_text(text) == cut
+    body = completion_body("m", GenResult([1, 2], text, "length", 5, grammar_complete=False), tool_mode=True)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == (text if cut is None else cut)
+    json_mode = read_tool_calls(ChatResult(generations=[ChatGeneration(message=AIMessage(content=text))]))
+    assert json_mode.generations[0].message.content == (text if cut is None else cut)
