@@ -421,7 +421,10 @@ def trajectories_show(trajectory_id: str) -> None:
         )
         console.print(f"[dim]task:[/] {t.instruction}")
         for s in t.steps:
-            call = f"{s.tool_call.name}({s.tool_call.args})" if s.tool_call else "(no tool call)"
+            if s.tool_call is not None:
+                call = f"{s.tool_call.name}({s.tool_call.args})"
+            else:  # a text reply the episode took as its turn, or a reply that called no tool
+                call = f"reply: {s.message[:200]!r}" if s.moves_on else f"(no tool call) {s.message[:200]!r}"
             console.print(f"[bold cyan]{s.index:>3}[/] [{s.source}] {call}", highlight=False)
             if s.error:
                 console.print(f"      [red]{s.error}[/]", highlight=False)
