@@ -53,6 +53,7 @@ def change(kind: Literal["skill", "adapter"], name: str, action: Action, reason:
     import getpass
 
     from ratchet.decisions import decide, verb
+    from ratchet.flows import agent_versions
     from ratchet.flows.runtime import champion_policy, open_library
     from ratchet.training.registry import AdapterRegistry
 
@@ -60,7 +61,9 @@ def change(kind: Literal["skill", "adapter"], name: str, action: Action, reason:
     library, registry = open_library(settings), AdapterRegistry(settings)
     before, was = champion_policy(settings, library).version, registry.champion()
     candidates = library if kind == "skill" else registry
-    changed = decide(candidates, name, action, who=by or getpass.getuser(), why=reason)
+    who = by or getpass.getuser()
+    changed = decide(candidates, name, action, who=who, why=reason)
+    agent_versions.sync(settings, library, by=who)  # MLflow's agent versions and prompts follow
     after, now = champion_policy(settings, library).version, registry.champion()
     names = ", ".join(changed if kind == "skill" else (f"adapter v{n}" for n in changed))
     console.print(f"{verb(action)}: {names} · live policy {before} → {after}")

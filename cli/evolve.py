@@ -59,5 +59,9 @@ def print_evolution(settings: Settings, journal: Any) -> None:
         soft_wrap=True,
     )
     console.print(f"journal: {journal.path}", soft_wrap=True)
-    console.print(f"MLflow: mlflow ui --backend-store-uri {settings.mlflow_uri}", soft_wrap=True)
+    console.print(
+        f"MLflow: mlflow ui --backend-store-uri {settings.mlflow_uri} (experiment "
+        f"ratchet-{settings.evolution}: Agent versions, Prompts, Traces, Sessions, Evaluation runs)",
+        soft_wrap=True,
+    )
     console.print("dashboard: ratchet dashboard", soft_wrap=True)

@@ -20,6 +20,7 @@ from ratchet.dashboard.hosts import LoopbackOnly
 from ratchet.decisions import Action, Candidates
 from ratchet.decisions import decide as apply_decision
 from ratchet.errors import CandidateStateError, SkillFileError, SkillStateError
+from ratchet.flows import agent_versions
 from ratchet.flows.runtime import champion_policy, open_library
 from ratchet.lifecycle import Status
 from ratchet.skills.library import SkillLibrary
@@ -113,6 +114,7 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
             changed = apply_decision(candidates, name, action, decision.by, decision.reason, decision.expect)
         except CandidateStateError as exc:
             raise HTTPException(409, str(exc)) from None
+        agent_versions.sync(settings, lib, by=decision.by)  # MLflow's agent versions and prompts follow
         return {"changed": changed, "policy_before": before, "policy_after": live()}
 
     @app.post("/api/skills/{name}/{action}")

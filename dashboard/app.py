@@ -78,6 +78,7 @@ def create_dashboard(settings: Settings, library: SkillLibrary | None = None) ->
             cost_svg=cost_svg(rows),
             policy=champion_policy(s, lib),
             champion_history=data.champion_history(s),
+            agent_urls=data.agent_urls(s),
             adapters=data.adapters(s),
             skills=skills,
             skill_errors=skill_errors,

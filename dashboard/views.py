@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from ratchet.config import Settings
 from ratchet.decisions import AVAILABLE
 from ratchet.errors import RatchetError
+from ratchet.flows.agent_versions import agent_versions, live_over_time
 from ratchet.flows.journal import GenerationRow, Journal
 from ratchet.flows.tracking import EVOLUTION, GENERATION, KIND, experiment_name
 from ratchet.lifecycle import Record, latest_evidence
@@ -68,6 +69,8 @@ class ChampionEvent:
     change: str  # "verified → promoted"
     who: str
     why: str
+    policy_version: str = ""  # the live policy right after the change
+    agent_url: str = ""  # its agent version (MLflow LoggedModel); '' if MLflow has none
 
 
 @dataclass
@@ -157,20 +160,33 @@ class DashboardData:
 
     def champion_history(self, settings: Settings) -> list[ChampionEvent]:
         """Every change to what the champion is made of: skills promoted or retired, adapters
-        decided on (the registry moves the `champion` alias only for a promoted version)."""
+        decided on (the registry moves the `champion` alias only for a promoted version), each
+        with the policy version live after it and a link to that agent version in MLflow."""
+        urls = self.agent_urls(settings)
+        shown = {"skill": ("promoted", "retired"), "adapter": ("promoted", "retired", "rejected")}
         events = [
-            ChampionEvent(r.at, "skill", r.name, f"{r.from_status} → {r.to_status}", r.who, r.why)
-            for r in self.library.history()
-            if r.to_status in ("promoted", "retired")
-        ]
-        events += [
             ChampionEvent(
-                r.at, "adapter", f"adapter v{r.name}", f"{r.from_status} → {r.to_status}", r.who, r.why
+                r.at,
+                kind,
+                r.name if kind == "skill" else f"adapter v{r.name}",
+                f"{r.from_status} → {r.to_status}",
+                r.who,
+                r.why,
+                version,
+                urls.get(version, ""),
             )
-            for r in AdapterRegistry(settings).audit()
-            if r.to_status in ("promoted", "retired", "rejected")
+            for kind, r, version in live_over_time(settings, self.library)
+            if r.to_status in shown[kind]
         ]
         return sorted(events, key=lambda e: e.at, reverse=True)
+
+    def agent_urls(self, settings: Settings) -> dict[str, str]:
+        """policy version -> its agent version's page in the MLflow UI (Agent versions)."""
+        base = self.settings.dashboard.mlflow_url.rstrip("/")
+        return {
+            version: f"{base}/#/experiments/{m.experiment_id}/models/{m.model_id}"
+            for version, m in agent_versions(settings).items()
+        }
 
     def adapters(self, settings: Settings) -> list[AdapterView]:
         """Every adapter of the evolution, newest first, with its gate evidence and buttons."""

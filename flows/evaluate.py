@@ -10,7 +10,7 @@ from ratchet.agents.actor import ActorSettings
 from ratchet.agents.baselines import baselines, versus_random
 from ratchet.agents.rollout import RolloutSlot
 from ratchet.config import Settings
-from ratchet.flows import tracking
+from ratchet.flows import evaluations, tracking
 from ratchet.flows.rollouts import StageResult, actor_settings, derive_seed, run_split
 from ratchet.flows.runtime import LoopRuntime, open_runtime
 from ratchet.types import Policy, Split
@@ -33,6 +33,13 @@ def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Spli
     e = s.evaluate
     params = {"evaluate_rollouts_per_task": e.rollouts_per_task, "evaluate_temperature": e.temperature}
     result = run_split(rt, "evaluate", split, generation, policy, e.rollouts_per_task, settings_for, params)
+    if mlflow.active_run() is not None:  # the same rows as an MLflow evaluation of the agent version
+        tasks = rt.suite.tasks(split, getattr(s.splits, split))
+        ids = [
+            RolloutSlot(s.evolution, generation, t, r).id for t in tasks for r in range(e.rollouts_per_task)
+        ]
+        played = [t for i in ids if (t := rt.store.get(i)) is not None]
+        evaluations.heldout(s, generation, played, policy.version, result.model_id, split)
     if s.evaluate.baseline_seeds:
         tasks = rt.suite.tasks(split, getattr(s.splits, split))
         result.baselines = baselines(rt.suite, tasks, s.evaluate.baseline_seeds, s.max_steps)

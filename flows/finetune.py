@@ -34,7 +34,7 @@ from prefect import flow
 from ratchet import faults
 from ratchet.config import Settings
 from ratchet.files import write_text_atomic
-from ratchet.flows import progress, tracking
+from ratchet.flows import agent_versions, evaluations, progress, tracking
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
 from ratchet.flows.verify import gate_evidence, run_gates
 from ratchet.hashing import content_hash
@@ -118,8 +118,13 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
     result.reason = result.reason or f"adapter version {adapter.version} is {adapter.status}"
     if adapter.champion:
         rt.adapter = adapter
-    if mlflow.active_run() is not None:
+    if (run := mlflow.active_run()) is not None:
         mlflow.log_text(json.dumps(_summary(result), indent=2), "finetune/summary.json")
+        # MLflow's mirror: the policy now live, and the adapter's gate as an evaluation
+        agent_versions.sync(s, rt.library, rt.live_policy(), run.info.run_id, generation, by=who)
+        if result.decision is not None:
+            name = f"adapter-v{adapter.version}"
+            evaluations.gate(s, generation, name, "adapter", "all", adapter.status, adapter.evidence)
     return result
 
 

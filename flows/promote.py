@@ -22,6 +22,7 @@ from prefect.input import RunInput
 from ratchet.config import Settings, settings_from
 from ratchet.decisions import Candidates, decide
 from ratchet.errors import AdapterStateError, CandidateStateError
+from ratchet.flows import agent_versions
 from ratchet.flows.runtime import open_library
 from ratchet.runtime_env import prepare_environment
 from ratchet.skills.library import SkillLibrary
@@ -131,4 +132,7 @@ def promote_flow(
         return PromotionResult()
     form = PromotionForm.with_initial_data(description=describe(library, registry), promote=verified)
     answer = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=2)
-    return apply_decisions(library, answer.promote, answer.reject, answer.by, answer.reason, registry)
+    result = apply_decisions(library, answer.promote, answer.reject, answer.by, answer.reason, registry)
+    if result.promoted:  # MLflow's agent versions and prompts follow
+        agent_versions.sync(settings, library, by=answer.by)
+    return result

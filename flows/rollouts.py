@@ -20,7 +20,7 @@ from ratchet.agents.baselines import Baselines, VersusRandom
 from ratchet.agents.model import is_transient
 from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.config import Settings
-from ratchet.flows import tracking
+from ratchet.flows import agent_versions, traces, tracking
 from ratchet.flows.progress import report
 from ratchet.flows.runtime import LoopRuntime, RuntimeRef
 from ratchet.hashing import content_hash
@@ -46,8 +46,15 @@ MODEL_CALL: dict[str, Any] = dict(
 
 
 @task(name="rollout", task_run_name="rollout {slot.task.id} #{slot.rollout}", **MODEL_CALL)
-def rollout_task(ref: RuntimeRef, slot: RolloutSlot, policy: Policy, settings: ActorSettings) -> str:
-    """Play one slot and store its trajectory (an upsert: a retried or rerun slot replaces its row).
+def rollout_task(
+    ref: RuntimeRef,
+    slot: RolloutSlot,
+    policy: Policy,
+    settings: ActorSettings,
+    trace: traces.TraceTarget | None = None,
+) -> str:
+    """Play one slot and store its trajectory (an upsert: a retried or rerun slot replaces its row);
+    `trace`: the slot was sampled for an MLflow trace (`flows/traces.py`), and where it goes.
 
     Takes a picklable `RuntimeRef`, not the runtime: with a Dask or Ray task runner it runs in
     another process."""
@@ -59,9 +66,18 @@ def rollout_task(ref: RuntimeRef, slot: RolloutSlot, policy: Policy, settings: A
             skills = tuple(rt.retriever.select(query, policy.skills, s.k, s.token_budget))
         if policy.exemplars:
             exemplars = tuple(rt.retriever.select(query, policy.exemplars, s.exemplars, s.exemplar_budget))
-    traj = run_rollout(
-        rt.actor, rt.suite, slot, policy, settings, tool_runner=rt.toolbox, skills=skills, exemplars=exemplars
-    )
+    with traces.rollout_trace(trace, slot) as finish:
+        traj = run_rollout(
+            rt.actor,
+            rt.suite,
+            slot,
+            policy,
+            settings,
+            tool_runner=rt.toolbox,
+            skills=skills,
+            exemplars=exemplars,
+        )
+        finish(traj)
     rt.store.put(traj)
     faults.point("rollout.stored")
     return traj.id
@@ -111,6 +127,7 @@ def run_slots(
     policy: Policy,
     settings_for: Callable[[RolloutSlot], ActorSettings],
     stage: str,
+    trace: traces.TraceTarget | None = None,
 ) -> RolloutReport:
     """Run every slot not already finished in the store by this same policy; report over all slots.
 
@@ -119,7 +136,7 @@ def run_slots(
     """
     if not slots:
         return summarize([], split="")
-    skipped = play(rt, [(s, policy) for s in slots], settings_for, stage)
+    skipped = play(rt, [(s, policy) for s in slots], settings_for, stage, trace)
     trajectories = [t for s in slots if (t := rt.store.get(s.id)) is not None]
     rep = summarize(trajectories, split=slots[0].task.split, skipped=skipped)
     rep.errors += len(slots) - len(trajectories)  # retries exhausted: nothing stored for the slot
@@ -131,10 +148,11 @@ def play(
     items: Sequence[tuple[RolloutSlot, Policy]],
     settings_for: Callable[[RolloutSlot], ActorSettings],
     stage: str,
+    trace: traces.TraceTarget | None = None,
 ) -> int:
     """Play each slot with its policy (several policies at once: the arms of A/B tests), skipping
     slots already finished by that same policy version on this suite version; returns how
-    many were skipped."""
+    many were skipped. With `trace`, the slots it samples are traced to MLflow."""
     policies = {p.version: p for _, p in items}
     if rt.retriever is not None:
         for p in policies.values():
@@ -151,10 +169,15 @@ def play(
     total, finished = len(items), len(items) - len(todo)
     report(stage, finished, total)
     ref = rt.ref()
-    futures = [rollout_task.submit(ref, s, p, settings_for(s)) for s, p in todo]
+    sampled = {s.id for s, _ in todo if trace is not None and trace.wants(s)}
+    futures = [
+        rollout_task.submit(ref, s, p, settings_for(s), trace if s.id in sampled else None) for s, p in todo
+    ]
     for _ in as_completed(futures) if futures else ():
         finished += 1
         report(stage, finished, total)
+    if sampled:
+        traces.flush()
     return len(items) - len(todo)
 
 
@@ -187,6 +210,7 @@ class StageResult:
     policy_version: str
     baselines: Baselines | None = None  # evaluate: random and gold levels on the same tasks
     vs_random: VersusRandom | None = None  # evaluate: the policy against random, task by task
+    model_id: str = ""  # the policy's agent version in MLflow ('' outside a tracked run)
 
 
 def derive_seed(*parts: object) -> int:
@@ -223,10 +247,15 @@ def run_split(
     s = rt.settings
     tasks = rt.suite.tasks(split, getattr(s.splits, split))
     slots = [RolloutSlot(s.evolution, generation, t, r) for t in tasks for r in range(rollouts_per_task)]
+    run = mlflow.active_run()
+    model_id, trace = "", None
+    if run is not None:  # the policy's agent version, which its traces and evaluations attach to
+        model_id = agent_versions.sync(s, rt.library, policy, run.info.run_id, generation, by=stage)
+        trace = traces.target(s, stage, generation, policy.version, run.info.run_id, model_id)
     started = time.perf_counter()
-    report = run_slots(rt, slots, policy, settings_for, stage)
-    result = StageResult(stage, report, time.perf_counter() - started, policy.version)
-    if mlflow.active_run() is not None:
+    report = run_slots(rt, slots, policy, settings_for, stage, trace)
+    result = StageResult(stage, report, time.perf_counter() - started, policy.version, model_id=model_id)
+    if run is not None:
         _log_split(rt, result, split, slots, params)
     return result
 

@@ -8,7 +8,6 @@ starting a new one.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from ratchet.config import Settings
+from ratchet.flows import traces
 from ratchet.types import Trajectory
 
 KIND, EVOLUTION, GENERATION = "ratchet.kind", "ratchet.evolution", "ratchet.generation"
@@ -41,14 +41,14 @@ def setup_experiment(settings: Settings) -> str:
 
 
 def setup(settings: Settings) -> str:
-    """Point MLflow at the data dir's store; return the evolution's experiment id."""
+    """Point MLflow at the data dir's store; return the evolution's experiment id. LangGraph
+    autolog is on when rollouts are sampled for tracing (`flows/traces.py` picks which)."""
     exp_id = setup_experiment(settings)
     mlflow.set_experiment(experiment_id=exp_id)
     if settings.trace_sample_rate > 0:
-        os.environ["MLFLOW_TRACE_SAMPLING_RATIO"] = str(settings.trace_sample_rate)
-        mlflow.langchain.autolog(log_traces=True)
+        traces.enable_autolog(settings.mlflow_uri)
     else:
-        mlflow.langchain.autolog(disable=True)
+        traces.disable_autolog()
     return exp_id
 
 
@@ -68,7 +68,10 @@ def generation_run_id(settings: Settings, generation: int) -> str:
 
 @contextmanager
 def generation_run(settings: Settings, generation: int) -> Iterator[str]:
-    """Open (or reopen) the evolution's parent run and the generation's child run; yield its id."""
+    """Open (or reopen) the evolution's parent run and the generation's child run; yield its id.
+
+    Tracing is off inside (the teacher's graphs, verify arms); the sampled explore and evaluate
+    rollouts turn it on for themselves (`traces.rollout_trace`)."""
     exp_id = setup(settings)
     client = MlflowClient()
     evo_tags = {KIND: "evolution", EVOLUTION: settings.evolution}
@@ -80,12 +83,15 @@ def generation_run(settings: Settings, generation: int) -> Iterator[str]:
     with mlflow.start_run(
         run_id=parent_id, run_name=f"evolution {settings.evolution}", tags=None if parent_id else evo_tags
     ):
-        with mlflow.start_run(
-            run_id=child_id,
-            nested=True,
-            run_name=f"generation {generation}",
-            tags=None if child_id else gen_tags,
-        ) as child:
+        with (
+            mlflow.start_run(
+                run_id=child_id,
+                nested=True,
+                run_name=f"generation {generation}",
+                tags=None if child_id else gen_tags,
+            ) as child,
+            mlflow.tracing.context(enabled=False),
+        ):
             yield child.info.run_id
 
 
@@ -209,17 +215,23 @@ def audit_logger(settings: Settings) -> Callable[[Any], None]:
     whichever process made it (a flow, the CLI, the HTTP API), without touching active runs."""
 
     def log(record: Any) -> None:
-        mlflow.set_tracking_uri(settings.mlflow_uri)
-        client = MlflowClient()
-        exp_id = setup_experiment(settings)
-        tags = {KIND: "evolution", EVOLUTION: settings.evolution}
-        run_id = (
-            _find_run(client, exp_id, tags)
-            or client.create_run(exp_id, tags=tags, run_name=f"evolution {settings.evolution}").info.run_id
-        )
+        run_id = evolution_run_id(settings)
         stamp = record.at.strftime("%Y%m%dT%H%M%S%f")
-        client.log_text(
+        MlflowClient().log_text(
             run_id, record.model_dump_json(indent=2), f"audit/{record.name}/{stamp}-{record.to_status}.json"
         )
 
     return log
+
+
+def evolution_run_id(settings: Settings) -> str:
+    """The evolution's parent run (created if no stage has run yet), found without touching
+    active runs: what a decision made outside a stage is recorded on."""
+    mlflow.set_tracking_uri(settings.mlflow_uri)
+    client = MlflowClient()
+    exp_id = setup_experiment(settings)
+    tags = {KIND: "evolution", EVOLUTION: settings.evolution}
+    return (
+        _find_run(client, exp_id, tags)
+        or client.create_run(exp_id, tags=tags, run_name=f"evolution {settings.evolution}").info.run_id
+    )

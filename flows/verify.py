@@ -30,7 +30,7 @@ from prefect import flow
 from ratchet.agents.actor import ActorSettings
 from ratchet.agents.rollout import RolloutSlot
 from ratchet.config import GateSettings, Settings
-from ratchet.flows import tracking
+from ratchet.flows import agent_versions, evaluations, tracking
 from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
 from ratchet.skills.format import Skill
@@ -109,9 +109,10 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     result.baseline_rollouts = gates.baseline_rollouts
     verified = list(pending)
     p_of = {v.name: _last_p(rt, v.name) for v in verified}
+    evidence_of: dict[str, dict[str, Any]] = {}
     for c in candidates:
         d, outcomes, skipped = gates.decisions[c.name], gates.outcomes[c.name], gates.replayed.get(c.name, 0)
-        evidence = gate_evidence(d, champion, trials[c.name][0], outcomes, skipped)
+        evidence = evidence_of[c.name] = gate_evidence(d, champion, trials[c.name][0], outcomes, skipped)
         to = "verified" if d.decision == "accept" else "rejected"
         rt.library.transition(c.name, to, who=who, why=d.reason, evidence=evidence, expect="candidate")
         played = len(outcomes) - skipped
@@ -128,8 +129,12 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
         )
         if name in status:
             status[name].status = "promoted"
-    if mlflow.active_run() is not None:
+    if (run := mlflow.active_run()) is not None:
         _log(result)
+        # MLflow's mirror: the policy now live, then each candidate's gate as an evaluation
+        agent_versions.sync(s, rt.library, rt.live_policy(), run.info.run_id, generation, by=who)
+        for v in result.verdicts:
+            evaluations.gate(s, generation, v.skill, v.kind, v.family, v.status, evidence_of[v.skill])
     return result
 
 

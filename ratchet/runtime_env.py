@@ -26,6 +26,8 @@ def prepare_environment(settings: Settings) -> None:
         "MLFLOW_TRACKING_URI": settings.mlflow_uri,
         "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "MLFLOW_MODEL_CATALOG_URI": "",  # traced model calls: prices from the bundled catalog, no fetch
+        "MLFLOW_DISABLE_TELEMETRY": "true",  # MLflow reads DO_NOT_TRACK only as "true"
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",

@@ -24,6 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("MLFLOW_MODEL_CATALOG_URI", "")  # traced model calls: no catalog download
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Prefect's ephemeral API keeps its database here; reusing it makes later sessions start faster.
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".ratchet" / "test-prefect"))
 Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -55,6 +57,17 @@ def _chroma_indexes_are_released() -> Any:
             system.stop()
         except Exception:  # noqa: BLE001 - a system that failed to start (a corrupt index) holds nothing
             pass
+
+
+@pytest.fixture(autouse=True)
+def _autolog_is_turned_off_again() -> Any:
+    """A stage turns LangGraph autolog on for the process (`trace_sample_rate` > 0); turn it
+    off after the test, or graphs later tests run outside any stage would be traced into the
+    last test's MLflow store."""
+    yield
+    traces = sys.modules.get("ratchet.flows.traces")
+    if traces is not None and traces.autolog_on():
+        traces.disable_autolog()
 
 
 @pytest.fixture(autouse=True)
