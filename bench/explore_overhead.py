@@ -13,7 +13,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,18 +30,11 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_args()
 
-    from ratchet.config import load_settings
-    from ratchet.runtime_env import prepare_environment
+    from _setup import bench_settings
 
-    data = Path(tempfile.mkdtemp(prefix="ratchet-bench-"))
-    settings = load_settings(
-        {"data_dir": data, "suite": args.suite, "concurrency": args.concurrency, "max_steps": args.max_steps}
+    settings = bench_settings(
+        "ratchet-bench-", suite=args.suite, concurrency=args.concurrency, max_steps=args.max_steps
     )
-    settings.models_dir.parent.mkdir(parents=True, exist_ok=True)
-    shared_models = ROOT / ".ratchet" / "models"
-    if shared_models.exists():  # reuse the converted model instead of converting again
-        settings.models_dir.symlink_to(shared_models, target_is_directory=True)
-    prepare_environment(settings)
 
     from prefect import flow
     from prefect.task_runners import ThreadPoolTaskRunner

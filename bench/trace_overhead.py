@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,25 +35,15 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_args()
 
-    from ratchet.config import load_settings
-    from ratchet.runtime_env import prepare_environment
+    from _setup import bench_settings
 
-    data = Path(tempfile.mkdtemp(prefix="ratchet-bench-trace-"))
-    settings = load_settings(
-        {
-            "data_dir": data,
-            "suite": args.suite,
-            "concurrency": args.concurrency,
-            "max_steps": args.max_steps,
-            "trace_sample_rate": 1.0,
-        }
+    settings = bench_settings(
+        "ratchet-bench-trace-",
+        suite=args.suite,
+        concurrency=args.concurrency,
+        max_steps=args.max_steps,
+        trace_sample_rate=1.0,
     )
-    for shared in (ROOT / ".ratchet" / "models", ROOT / ".ratchet" / "test-models"):
-        if shared.exists():  # reuse the converted model instead of converting again
-            settings.models_dir.parent.mkdir(parents=True, exist_ok=True)
-            settings.models_dir.symlink_to(shared, target_is_directory=True)
-            break
-    prepare_environment(settings)
 
     import mlflow
     from mlflow.tracking import MlflowClient
