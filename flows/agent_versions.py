@@ -175,7 +175,9 @@ def find_model(client: MlflowClient, exp_id: str, version: str) -> Any | None:
 
 def agent_versions(settings: Settings) -> dict[str, Any]:
     """policy version -> its agent version (LoggedModel) in the evolution's experiment ({} if
-    the store or the experiment does not exist yet). Reads only."""
+    the store or the experiment does not exist yet). Reads only: never creates the store."""
+    if not may_have_adapters(settings):  # no MLflow store in the data dir yet
+        return {}
     client = MlflowClient(settings.mlflow_uri)
     try:
         exp = client.get_experiment_by_name(f"ratchet-{settings.evolution}")
