@@ -1,6 +1,7 @@
 """The suite contract every plug-in implements, and the episode it hands the actor.
 
-Contract version 2 (`CONTRACT_VERSION`; docs/extending.md has the table of promises):
+Contract version 2 (`CONTRACT_VERSION`; the README's "Adding a suite" has the table of
+promises, docs/extending.md what sits behind them):
 
 * a task's key is a seed (int) for generated tasks or a dataset's item id (str, `key_type`);
 * an episode may end a turn with a text reply instead of a tool call (`text_replies`);
@@ -9,7 +10,8 @@ Contract version 2 (`CONTRACT_VERSION`; docs/extending.md has the table of promi
 * any exception but `ActionError` from `reset`, `step`, `reply` or an expert replay ends
   that rollout as an error with its message stored, never the run.
 
-`ratchet.suites.testing` checks a suite against these promises (the conformance kit).
+`ratchet.conformance` checks a suite against these promises (the conformance kit;
+`ratchet suites check NAME`).
 """
 
 from __future__ import annotations
