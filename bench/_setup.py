@@ -24,3 +24,13 @@ def bench_settings(prefix: str, **overrides: Any) -> Any:
             break
     prepare_environment(settings)
     return settings
+
+
+def write_result(name: str, summary: dict[str, Any]) -> None:
+    """Print a benchmark's summary and keep it as bench/results/<name>.json."""
+    import json
+
+    print(json.dumps(summary, indent=2))
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2))

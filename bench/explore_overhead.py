@@ -10,7 +10,6 @@ store; only the orchestration differs. Goal: Prefect >= 0.9x the plain loop.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_args()
 
-    from _setup import bench_settings
+    from _setup import bench_settings, write_result
 
     settings = bench_settings(
         "ratchet-bench-", suite=args.suite, concurrency=args.concurrency, max_steps=args.max_steps
@@ -94,10 +93,7 @@ def main() -> None:
         "median_rollouts_per_min": {k: round(v, 2) for k, v in med.items()},
         "prefect_over_plain": round(med["prefect"] / med["plain"], 3),
     }
-    print(json.dumps(summary, indent=2))
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "explore_overhead.json").write_text(json.dumps(summary, indent=2))
+    write_result("explore_overhead", summary)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_args()
 
-    from _setup import bench_settings
+    from _setup import bench_settings, write_result
 
     settings = bench_settings(
         "ratchet-bench-trace-",
@@ -129,10 +129,7 @@ def main() -> None:
         "median_trace_kb": round(statistics.median(sizes) / 1024, 1) if sizes else None,
         "median_spans_per_trace": statistics.median(spans) if spans else None,
     }
-    print(json.dumps(summary, indent=2))
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "trace_overhead.json").write_text(json.dumps(summary, indent=2))
+    write_result("trace_overhead", summary)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,7 @@ def evaluate_stage(rt: LoopRuntime, generation: int, policy: Policy, split: Spli
     params = {"evaluate_rollouts_per_task": e.rollouts_per_task, "evaluate_temperature": e.temperature}
     result = run_split(rt, "evaluate", split, generation, policy, e.rollouts_per_task, settings_for, params)
     if mlflow.active_run() is not None:  # the same rows as an MLflow evaluation of the agent version
-        tasks = rt.suite.tasks(split, getattr(s.splits, split))
-        ids = [
-            RolloutSlot(s.evolution, generation, t, r).id for t in tasks for r in range(e.rollouts_per_task)
-        ]
-        played = [t for i in ids if (t := rt.store.get(i)) is not None]
+        played = [t for i in result.slot_ids if (t := rt.store.get(i)) is not None]
         evaluations.heldout(s, generation, played, policy.version, result.model_id, split)
     if s.evaluate.baseline_seeds:
         tasks = rt.suite.tasks(split, getattr(s.splits, split))

@@ -211,6 +211,7 @@ class StageResult:
     baselines: Baselines | None = None  # evaluate: random and gold levels on the same tasks
     vs_random: VersusRandom | None = None  # evaluate: the policy against random, task by task
     model_id: str = ""  # the policy's agent version in MLflow ('' outside a tracked run)
+    slot_ids: list[str] = field(default_factory=list, repr=False)  # the trajectory ids it played, in order
 
 
 def derive_seed(*parts: object) -> int:
@@ -254,7 +255,8 @@ def run_split(
         trace = traces.target(s, stage, generation, policy.version, run.info.run_id, model_id)
     started = time.perf_counter()
     report = run_slots(rt, slots, policy, settings_for, stage, trace)
-    result = StageResult(stage, report, time.perf_counter() - started, policy.version, model_id=model_id)
+    wall, ids = time.perf_counter() - started, [sl.id for sl in slots]
+    result = StageResult(stage, report, wall, policy.version, model_id=model_id, slot_ids=ids)
     if run is not None:
         _log_split(rt, result, split, slots, params)
     return result
