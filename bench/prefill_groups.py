@@ -74,15 +74,15 @@ def encode(engine: Any, request: dict[str, Any]) -> tuple[list[int], Any]:
 
 def play(
     engine: Any, eps: list[list[tuple[list[int], Any]]], tokens: int, concurrency: int
-) -> tuple[float, list[list[list[int]]]]:
-    """Wall seconds for every episode's steps, `concurrency` episodes in flight, and the
-    tokens each step was answered with (per episode)."""
+) -> tuple[float, list[list[Any]]]:
+    """Wall seconds for every episode's steps, `concurrency` episodes in flight, and what
+    each step was answered with (per episode, the engine's `GenResult`s)."""
     from ratchet.server.engine import GenRequest
 
     todo: Queue[int] = Queue()
     for i in range(len(eps)):
         todo.put(i)
-    answers: dict[int, list[list[int]]] = {}
+    answers: dict[int, list[Any]] = {}
 
     def worker() -> None:
         while not todo.empty():
@@ -90,7 +90,7 @@ def play(
             answers[i] = [
                 engine.generate(
                     GenRequest(prompt_ids=ids, max_tokens=tokens, temperature=0, grammar=grammar)
-                ).token_ids
+                )
                 for ids, grammar in eps[i]
             ]
 

@@ -86,6 +86,7 @@ class Engine:
         prefix_cache_tokens: int = 32_768,
         group_prefill: bool = True,
         compact_share: float = 0.5,
+        forced_end: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.max_batch = max_batch
@@ -94,6 +95,9 @@ class Engine:
         # finished rows ride along until the next admission, or until they are this share of
         # the batch (0: copied out at once, as before; bench/kv_append.py)
         self.compact_share = compact_share
+        # a reply whose grammar forces its rest is finished without decoding it (`_forced_end`;
+        # False: decoded token by token, as before; bench/forced_end.py)
+        self.forced_end = forced_end
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -111,6 +115,8 @@ class Engine:
             "forward_steps": 0,
             "largest_batch": 0,
             "generated_tokens": 0,
+            "forced_end_tokens": 0,  # tokens appended by `_forced_end` instead of decoded
+            "forced_ends": 0,  # replies finished that way
             "prompt_tokens": 0,
             "prefilled_tokens": 0,
             "prefill_slots": 0,  # rows x width of every prefill forward: prefilled tokens plus padding
@@ -359,6 +365,52 @@ class Engine:
         next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         return cache, attn, next_pos, out.logits[:, -1, :].float()
 
+    def _forced_end(self, row: _Row) -> None:
+        """Finish `row` now if its grammar forces the rest of the reply, stop token included.
+
+        An action chosen from an enum is decided by its first distinct tokens; what follows
+        (the rest of the action's name, the closing `"}}`, the stop token) is forced, and
+        decoding it costs one forward per token for nothing: under the grammar's mask the
+        forced token is the only one left, whatever the logits say. So the forced text is
+        appended and the row answered at once. The reply's text, finish reason and grammar
+        completeness are exactly what decoding token by token gives; only its token ids may
+        be another split of the same text. Text that is forced but followed by another free
+        choice is left to the decoder: how it is split into tokens changes the logits of that
+        choice. Nor is anything jumped when the output budget could run out inside it (a
+        token covers at least one byte, so `bytes < budget` is a sound bound)."""
+        m, req = row.matcher, row.req
+        assert m is not None
+        text = m.find_jump_forward_string()
+        if len(row.out_ids) - row.n_forced + len(text.encode()) >= req.max_tokens:
+            return
+        forced = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        accepted = 0
+        for tok in forced:
+            if not m.accept_token(tok):
+                break
+            accepted += 1
+        stop = self._only_stop(m) if accepted == len(forced) else None
+        if stop is None:
+            if accepted:
+                m.rollback(accepted)
+            return
+        m.accept_token(stop)
+        row.out_ids.extend(forced)
+        row.finish, row.complete = "stop", m.is_terminated()
+        self.stats["forced_end_tokens"] += len(forced)
+        self.stats["forced_ends"] += 1
+
+    def _only_stop(self, m: xgr.GrammarMatcher) -> int | None:
+        """The stop token, if it is the only token the grammar allows next (else None)."""
+        if not m.is_completed():
+            return None
+        mask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        m.fill_next_token_bitmask(mask, 0)
+        probe = torch.zeros((1, self.vocab_size))
+        xgr.apply_token_bitmask_inplace(probe, mask)
+        allowed = torch.isfinite(probe[0]).nonzero().flatten().tolist()
+        return allowed[0] if len(allowed) == 1 and allowed[0] in self.stop_ids else None
+
     @torch.inference_mode()
     def _step(self, b: _Batch) -> _Batch | None:
         """Sample one token for every live row, answer finished rows, feed the batch one step.
@@ -404,6 +456,9 @@ class Engine:
                     row.finish, row.complete = "stop", True
                 elif len(row.out_ids) - row.n_forced >= req.max_tokens:
                     row.finish = "length"
+                elif m is not None and self.forced_end:
+                    with self._clock("grammar_seconds"):
+                        self._forced_end(row)
             if row.finish is not None:
                 self.stats["generated_tokens"] += len(row.out_ids)
                 req.future.set_result(

@@ -1,0 +1,75 @@
+"""Agent traffic through the embedded engine: replies finished where the grammar forces the
+rest (`Engine.forced_end`), against decoding every forced token.
+
+The same workload as `bench/prefill_groups.py` (8 coin rollouts at once, each step's exact
+prompt and tool grammar, greedy), but each reply is decoded to its end (`--tokens` is only
+the output budget), as the actor's calls are. The two engines run interleaved, `--rounds`
+times each, in one process. Every reply must have the same text, finish reason and grammar
+completeness in both (asserted); token ids may split the same text differently.
+
+    .venv/bin/python bench/forced_end.py [--rollouts 16] [--steps 15] [--rounds 2]
+
+Writes bench/results/forced_end.json.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from prefill_groups import encode, episodes, play, traffic_parser  # noqa: E402
+
+KEYS = ("seconds", "decode_seconds", "prefill_seconds", "kv_seconds", "grammar_seconds", "forward_steps")
+
+
+def main() -> None:
+    parser = traffic_parser(__doc__.split("\n\n")[0])
+    parser.set_defaults(tokens=48)
+    args = parser.parse_args()
+    from ratchet.server.engine import Engine
+    from ratchet.server.weights import ensure_hf_copy
+
+    model_dir = ensure_hf_copy(ROOT / ".ratchet" / "models")
+    requests = episodes(args.rollouts, args.steps)
+    variants = {"token by token": False, "forced end": True}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    replies: dict[str, list] = {}
+    for _ in range(args.rounds):
+        for name, forced_end in variants.items():
+            engine = Engine(model_dir, max_batch=args.concurrency, forced_end=forced_end)
+            try:
+                eps = [[encode(engine, r) for r in e] for e in requests]
+                seconds, answers = play(engine, eps, args.tokens, args.concurrency)
+                stats = dict(engine.stats)
+            finally:
+                engine.close()
+            replies[name] = [[(a.text, a.finish_reason, a.grammar_complete) for a in ep] for ep in answers]
+            runs[name].append({"seconds": seconds, **{k: float(v) for k, v in stats.items()}})
+            parts = "  ".join(f"{k.removesuffix('_seconds')} {stats[k]:7.1f}" for k in KEYS[1:])
+            print(f"{name:15s} {seconds:7.1f} s  {parts}", flush=True)
+    a, b = replies.values()
+    assert a == b, "the engines answered differently"
+    steps = sum(len(ep) for ep in a)
+    med = {name: {k: statistics.median(r[k] for r in v) for k in KEYS} for name, v in runs.items()}
+    base, new = med["token by token"], med["forced end"]
+    summary = {
+        "speedup": base["seconds"] / new["seconds"],
+        "decode_seconds": {name: m["decode_seconds"] for name, m in med.items()},
+        "batched_decode_forwards_per_reply": {name: m["forward_steps"] / steps for name, m in med.items()},
+        "replies": steps,
+        "same_replies": True,
+        "median": med,
+    }
+    print(json.dumps(summary, indent=2))
+    out = ROOT / "bench" / "results" / "forced_end.json"
+    out.write_text(json.dumps({"args": vars(args), "runs": runs, **summary}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
