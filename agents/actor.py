@@ -33,7 +33,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.runtime import Runtime
 
-from ratchet.agents.prompts import system_prompt, task_prompt
+from ratchet.agents.prompts import REPEAT_MIN_CHARS, repeat_note, system_prompt, task_prompt
 from ratchet.hashing import content_hash
 from ratchet.skills.rules import Tried, bind_to_menu, call_text, constrain_tools, menu_entries, normal
 from ratchet.suites.base import ActionError, Episode, StepResult
@@ -58,6 +58,7 @@ class ActorSettings:
     history_window: int = 10
     seed: int = 0
     max_tokens: int | None = None  # output budget of one model call (None: the chat model's own)
+    compact_repeats: bool = False  # a result shown before word for word is shown as a note (build_prompt)
 
 
 @dataclass
@@ -108,6 +109,7 @@ class RolloutContext:
             first_observation=first_observation,
             tools=self.tool_defs(),
             window=self.settings.history_window,
+            compact_repeats=self.settings.compact_repeats,
         )
 
 
@@ -210,7 +212,12 @@ def build_actor(llm: BaseChatModel) -> Any:
 def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step) -> AIMessage:
     """One model call: system prompt with skills, the task, the last few steps; tool choice required."""
     prompt = build_prompt(
-        ctx.system_text, state["task"], state["messages"], ctx.settings.history_window, ctx.options
+        ctx.system_text,
+        state["task"],
+        state["messages"],
+        ctx.settings.history_window,
+        ctx.options,
+        ctx.settings.compact_repeats,
     )
     seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
     tools = ctx.tool_defs(step)
@@ -228,15 +235,44 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step)
 
 
 def build_prompt(
-    system: str, task: str, history: list[AnyMessage], window: int, options: str
+    system: str,
+    task: str,
+    history: list[AnyMessage],
+    window: int,
+    options: str,
+    compact_repeats: bool = False,
 ) -> list[AnyMessage]:
     """The messages of one model call. Training replays stored trajectories through this same
     function (training/examples.py), so the fine-tuning data is exactly what the actor sent."""
     shown = history[2 * history_start(len(history) // 2, window) :]
+    if compact_repeats:
+        shown = compact(task, shown)
     prompt: list[AnyMessage] = [SystemMessage(system), HumanMessage(task), *shown]
     if options:  # current options go with the latest message only, never into history
         prompt[-1] = prompt[-1].model_copy(update={"content": join_options(str(prompt[-1].content), options)})
     return prompt
+
+
+def compact(task: str, shown: list[AnyMessage]) -> list[AnyMessage]:
+    """Tool results the model can already read word for word, in the task or earlier in the
+    window, shortened to `repeat_note`: a text game shows the same room description after
+    every `look around` and every return to a room, and each copy is ~160 tokens to prefill.
+
+    A message's rendering depends only on what comes before it in the window, so the prompt
+    stays an extension of the previous step's (the server's prefix cache keeps working);
+    only when the window trims can a result whose first copy was dropped be shown in full
+    again, and the trim re-prefills from there anyway. The latest result is shortened too (it
+    stays in the prompt as it is shown now); the valid actions are appended after it."""
+    seen: set[str] = set()
+    out: list[AnyMessage] = []
+    for m in shown:
+        text = str(m.content)
+        if isinstance(m, ToolMessage) and len(text) >= REPEAT_MIN_CHARS:
+            if text in seen or text in task:
+                m = m.model_copy(update={"content": repeat_note(text)})
+            seen.add(text)
+        out.append(m)
+    return out
 
 
 def history_start(n_steps: int, window: int) -> int:

@@ -39,5 +39,16 @@ def system_prompt(skills: Sequence[SkillText], exemplars: Sequence[SkillText] = 
     return "\n\n".join([SYSTEM, *extra])
 
 
+REPEAT_MIN_CHARS = 80  # a shorter result costs about what its note would
+
+
+def repeat_note(observation: str) -> str:
+    """A result the model has already seen word for word, shown again: its first sentence (in
+    a text game, where the agent is) and a note that the rest is as before."""
+    head = observation.strip().split(". ", 1)[0]
+    lead = f"{head}. " if len(head) <= REPEAT_MIN_CHARS and head != observation.strip() else ""
+    return f"{lead}(The rest is the same as shown before.)"
+
+
 def task_prompt(instruction: str, observation: str) -> str:
     return f"Task: {instruction}\n\nObservation: {observation}"

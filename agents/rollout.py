@@ -97,7 +97,9 @@ EXPERT_ROLLOUT = -1  # the rollout index of a task's expert trajectory
 EXPERT_POLICY = "expert"
 
 
-def run_expert(suite: Suite, slot: RolloutSlot, window: int = 10) -> Trajectory | None:
+def run_expert(
+    suite: Suite, slot: RolloutSlot, window: int = 10, compact_repeats: bool = False
+) -> Trajectory | None:
     """Play the suite's reference solution for `slot.task`; None if the suite knows none, or
     knows a stale one (a plan step the environment refuses).
 
@@ -122,6 +124,7 @@ def run_expert(suite: Suite, slot: RolloutSlot, window: int = 10) -> Trajectory 
                 first_observation=observation,
                 tools=[t.to_openai() for t in episode.tools()],
                 window=window,
+                compact_repeats=compact_repeats,
             )
             for action in plan[: task.max_steps]:
                 step = Step(

@@ -88,9 +88,7 @@ def play(
         while not todo.empty():
             i = todo.get()
             answers[i] = [
-                engine.generate(
-                    GenRequest(prompt_ids=ids, max_tokens=tokens, temperature=0, grammar=grammar)
-                )
+                engine.generate(GenRequest(prompt_ids=ids, max_tokens=tokens, temperature=0, grammar=grammar))
                 for ids, grammar in eps[i]
             ]
 

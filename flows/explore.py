@@ -53,7 +53,9 @@ def seed_experts(rt: LoopRuntime, generation: int) -> int:
     ]
     have = rt.store.finished_ids([sl.id for sl in slots], suite_version=rt.suite.version)
     for slot in slots:
-        if slot.id not in have and (traj := run_expert(rt.suite, slot, s.history_window)) is not None:
+        if slot.id in have:
+            continue
+        if (traj := run_expert(rt.suite, slot, s.history_window, s.compact_repeats)) is not None:
             rt.store.put(traj)  # an errored one too: its message is the plug-in author's clue
             if traj.status == "finished":
                 have.add(slot.id)

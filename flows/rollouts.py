@@ -228,6 +228,7 @@ def actor_settings(
         temperature=temperature,
         epsilon=epsilon,
         history_window=s.history_window,
+        compact_repeats=s.compact_repeats,
         seed=seed,
         max_tokens=slot.task.max_tokens,
     )

@@ -300,6 +300,11 @@ class Settings(BaseSettings):
         ge=1,
         description="past steps shown to the model (trimmed in half-window blocks: prefixes stay cacheable)",
     )
+    compact_repeats: bool = Field(
+        default=False,
+        description="a tool result the model can already read word for word (in the task or earlier "
+        "in the history window) is shown as its first sentence and a note: fewer tokens to prefill",
+    )
     trace_sample_rate: float = Field(
         # bench/trace_overhead.py: no measurable throughput loss at 0.25 or 1.0; a trace is ~140 KB
         default=0.25,

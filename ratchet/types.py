@@ -105,6 +105,9 @@ class PromptRecord(BaseModel):
     first_observation: str = Field(description="the first observation alone (without options)")
     tools: list[dict[str, Any]] = Field(default_factory=list, description="tool definitions (OpenAI)")
     window: int = Field(description="history window the actor trimmed past steps with")
+    compact_repeats: bool = Field(
+        default=False, description="results shown before word for word were shown as a note"
+    )
 
 
 class Trajectory(BaseModel):

@@ -555,9 +555,15 @@ def _past_cache(hits: list[tuple[int, Any]], past: int, room: int) -> GrowingCac
     n = len(hits)
     ref = next(kv for _, kv in hits if kv is not None)
     for layer, (ref_k, ref_v) in enumerate(ref):
-        keys = ref_k.new_zeros((n, ref_k.shape[1], spare(past + room), ref_k.shape[3]))
-        values = ref_v.new_zeros((n, ref_v.shape[1], spare(past + room), ref_v.shape[3]))
+        # empty, not zeros: only a row's left hole is read (masked, but it must not hold NaN
+        # garbage: 0 * NaN); the prefill writes every column after `past`, and the spare
+        # columns beyond are never read. Zeroing the whole buffer was most of an admission's
+        # KV bookkeeping (bench/forced_end.py's `kv`).
+        keys = ref_k.new_empty((n, ref_k.shape[1], spare(past + room), ref_k.shape[3]))
+        values = ref_v.new_empty((n, ref_v.shape[1], spare(past + room), ref_v.shape[3]))
         for i, (m, kv) in enumerate(hits):
+            keys[i, :, : past - m] = 0
+            values[i, :, : past - m] = 0
             if kv is not None:
                 keys[i, :, past - m : past] = kv[layer][0][0]
                 values[i, :, past - m : past] = kv[layer][1][0]

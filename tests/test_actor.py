@@ -261,6 +261,59 @@ def test_history_is_trimmed_in_blocks_so_prompts_extend_each_other():
     assert changes == [11, 16, 21, 26]
 
 
+ROOM = (
+    "You are in the bedroom. In one part of the room you see a bed, that has nothing on it. "
+    "To the South you see the corridor."
+)
+HALL = "You are in the corridor. In one part of the room you see a key holder. To the North: the bedroom."
+
+
+def _history(results: list[str]) -> list:
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    out: list = []
+    for i, r in enumerate(results):
+        out += [
+            AIMessage(content="", tool_calls=[{"name": "act", "args": {"action": "x"}, "id": f"c{i}"}]),
+            ToolMessage(content=r, tool_call_id=f"c{i}"),
+        ]
+    return out
+
+
+def test_results_seen_word_for_word_are_shown_as_a_note_and_prompts_still_extend_each_other():
+    from ratchet.agents.actor import build_prompt
+    from ratchet.agents.prompts import repeat_note
+
+    task = f"Task: find the coin.\n\nObservation: {ROOM}"
+    results = [ROOM, HALL, "Nothing happens.", "Nothing happens.", HALL, ROOM]
+    history = _history(results)
+    prompts = [
+        build_prompt("sys", task, history[: 2 * n], 10, "Valid actions: a, b", compact_repeats=True)
+        for n in range(1, len(results) + 1)
+    ]
+    shown = [str(m.content) for m in prompts[-1][3::2]]
+    note = "You are in the bedroom. (The rest is the same as shown before.)"
+    assert repeat_note(ROOM) == note
+    # the task's own observation counts as seen; the first corridor is new; short results stay
+    assert shown[:5] == [note, HALL, "Nothing happens.", "Nothing happens.", repeat_note(HALL)]
+    assert shown[5] == note + "\nValid actions: a, b"  # the latest, shortened too, then the options
+    for before, after in zip(prompts, prompts[1:], strict=False):  # the server's prefix cache still hits
+        head = [m.content for m in before[:-1]] + [str(before[-1].content).rsplit("\nValid", 1)[0]]
+        assert [m.content for m in after[: len(before)]] == head
+    plain = build_prompt("sys", task, history, 10, "", compact_repeats=False)
+    assert [str(m.content) for m in plain[3::2]] == results  # off: every result as it came
+
+
+def test_a_result_whose_first_copy_left_the_window_is_shown_in_full_again():
+    from ratchet.agents.actor import build_prompt
+
+    waits = [f"You wait for turn number {i} and nothing at all happens in the room." for i in range(5)]
+    results = [HALL, *waits]
+    results.append(HALL)
+    prompt = build_prompt("sys", "Task: t", _history(results), 4, "", compact_repeats=True)
+    assert str(prompt[-1].content) == HALL  # its first copy was trimmed away: nothing to refer to
+
+
 class PlanRunner:
     """A tool runner whose one tool is a macro: it returns environment actions to play."""
 

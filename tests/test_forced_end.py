@@ -65,15 +65,18 @@ def _ask(engine, prompt, grammar, **kw):  # type: ignore[no-untyped-def]
     return (r.text, r.finish_reason, r.grammar_complete), engine.stats["forward_steps"] - before
 
 
+def _both(engines, prompt, actions, allow_text=False, **kw):  # type: ignore[no-untyped-def]
+    """The same request to the jumping and the decoding engine: both replies, both forwards."""
+    return [_ask(e, prompt, _act_grammar(e, actions, allow_text), **kw) for e in engines]
+
+
 def test_forced_replies_are_the_decoded_replies_with_fewer_forwards(engines):
-    jumping, decoding = engines
+    jumping = engines[0]
     forwards = {"jump": 0, "decode": 0}
     ends = jumping.stats["forced_ends"]
     for obs in OBSERVATIONS:
         for actions in (ACTIONS, ACTIONS[1:3], ["open door to west"]):  # a branch inside "move", one action
-            grammar = _act_grammar(jumping, actions)
-            a, fa = _ask(jumping, _prompt(jumping, obs), grammar, max_tokens=48, temperature=0)
-            b, fb = _ask(decoding, _prompt(decoding, obs), _act_grammar(decoding, actions), max_tokens=48, temperature=0)
+            (a, fa), (b, fb) = _both(engines, _prompt(jumping, obs), actions, max_tokens=48, temperature=0)
             assert a == b
             assert a[1] == "stop" and a[2] and json.loads(a[0])["arguments"]["action"] in actions
             forwards["jump"] += fa
@@ -87,33 +90,28 @@ def test_forced_replies_are_the_decoded_replies_with_fewer_forwards(engines):
 def test_sampled_replies_are_the_same_for_the_same_seed(engines):
     """Sampling draws nothing for a forced token that decides anything: the skipped draws
     come after the last free choice, so the same seed gives the same reply."""
-    jumping, decoding = engines
+    jumping = engines[0]
     seen = set()
     for seed in range(8):
         prompt = _prompt(jumping, OBSERVATIONS[0])
-        kw = {"max_tokens": 48, "temperature": 1.2, "seed": seed}
-        a, _ = _ask(jumping, prompt, _act_grammar(jumping, ACTIONS), **kw)
-        b, _ = _ask(decoding, prompt, _act_grammar(decoding, ACTIONS), **kw)
+        (a, _), (b, _) = _both(engines, prompt, ACTIONS, max_tokens=48, temperature=1.2, seed=seed)
         assert a == b
         seen.add(a[0])
     assert len(seen) > 1  # the seeds did choose differently: the test compared real choices
 
 
 def test_a_budget_that_ends_inside_the_forced_text_cuts_it_the_same_way(engines):
-    jumping, decoding = engines
+    jumping = engines[0]
     prompt = _prompt(jumping, OBSERVATIONS[2])
     for budget in (1, 2, 3, 4, 6, 8):
-        a, _ = _ask(jumping, prompt, _act_grammar(jumping, ["open door to west"]), max_tokens=budget, temperature=0)
-        b, _ = _ask(decoding, prompt, _act_grammar(decoding, ["open door to west"]), max_tokens=budget, temperature=0)
+        (a, _), (b, _) = _both(engines, prompt, ["open door to west"], max_tokens=budget, temperature=0)
         assert a == b
     assert a[1] == "stop"  # the largest budget was enough to finish
 
 
 def test_free_text_is_decoded_and_unchanged(engines):
     """A text reply (`{"content": ...}`) is free up to its closing quote: nothing to jump."""
-    jumping, decoding = engines
+    jumping = engines[0]
     prompt = _prompt(jumping, "Say hello instead of acting.")
-    kw = {"max_tokens": 24, "temperature": 0}
-    a, _ = _ask(jumping, prompt, _act_grammar(jumping, ACTIONS, allow_text=True), **kw)
-    b, _ = _ask(decoding, prompt, _act_grammar(decoding, ACTIONS, allow_text=True), **kw)
+    (a, _), (b, _) = _both(engines, prompt, ACTIONS, allow_text=True, max_tokens=24, temperature=0)
     assert a == b

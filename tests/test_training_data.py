@@ -33,10 +33,11 @@ def _strip_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def played() -> tuple[Trajectory, ScriptedChatModel]:
+@pytest.fixture(scope="module", params=[False, True], ids=["full", "compact-repeats"])
+def played(request: pytest.FixtureRequest) -> tuple[Trajectory, ScriptedChatModel]:
     """A real coin episode played by a scripted model: random valid moves, one refused move, one
-    reply without a tool call, and a history window small enough to be trimmed."""
+    reply without a tool call, and a history window small enough to be trimmed; with repeated
+    results shown in full, and shortened (`compact_repeats`)."""
     rng = random.Random(3)
     turn = {"n": 0}
 
@@ -59,7 +60,7 @@ def played() -> tuple[Trajectory, ScriptedChatModel]:
             suite,
             RolloutSlot("e", 0, task, 0),
             Policy(model="m", skills=(skill,)),
-            ActorSettings(max_steps=9, history_window=4, seed=1),
+            ActorSettings(max_steps=9, history_window=4, seed=1, compact_repeats=request.param),
         )
     finally:
         suite.close()
@@ -87,6 +88,8 @@ def test_replay_rebuilds_every_prompt_the_actor_sent_exactly(
     assert trimmed  # the window did cut history, and replay cut it the same way
     assert "coin-look" in examples[0].messages[0]["content"]  # the skills shown are part of the prompt
     assert any("Invalid action" in (m["content"] or "") for e in examples for m in e.messages)
+    noted = any("same as shown before" in (m["content"] or "") for e in examples for m in e.messages)
+    assert noted == played_traj.prompt.compact_repeats  # type: ignore[union-attr]
 
 
 def test_replay_refuses_an_edited_trajectory(played: tuple[Trajectory, ScriptedChatModel]) -> None:

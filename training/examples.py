@@ -73,7 +73,7 @@ def replay(traj: Trajectory) -> list[ChatExample]:
             history += text_turn(step)  # ...but the actor kept it (with its note) in the history
             continue
         options = _options(step.observation, shown, traj.id, step.index)
-        prompt = build_prompt(rec.system, rec.task, history, rec.window, options)
+        prompt = build_prompt(rec.system, rec.task, history, rec.window, options, rec.compact_repeats)
         call_id = f"call_{step.index}"
         if step.tool_call is None:  # a text reply an episode took as its turn (`Episode.text_replies`)
             ai = AIMessage(content=step.message)
