@@ -11,6 +11,13 @@ new-token counts (`prefill_groups`): one padded forward costs every row the long
 width, and an agent's step (tens of new tokens after its cached prefix) that lands beside a
 fresh prompt (hundreds) would otherwise pay for the fresh one.
 
+Constrained replies are not decoded where the grammar decides them: the text it forces at
+the start (`{"name":"act","arguments":{"action":"`) is prefilled with the prompt, and once a
+reply's rest is forced to its stop token (an action whose first tokens already tell it from
+the others, then `"}}`) the row is answered without decoding it (`_forced_end`). An agent
+step then costs one prefill and, when two valid actions share their first tokens, a forward
+or two; the reply is the one decoding every token would give (bench/forced_end.py).
+
 Keys and values are appended in place (`server.kv_cache`), not concatenated per step. A
 finished row's cache stays in the batch until the next admission, whose merge copies the
 live rows anyway and leaves it out (or until `compact_share` of the rows are finished):
