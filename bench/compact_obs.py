@@ -67,6 +67,8 @@ def run_family(family: str, args: argparse.Namespace, url: str, data: Path) -> d
             }
             generation = 10
             for name, policy in policies.items():
+                if name not in args.policies.get(family, policies):
+                    continue
                 by_task = {}
                 for compact in (False, True):
                     rt.settings = settings.model_copy(update={"compact_repeats": compact})
@@ -120,9 +122,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--families", nargs="+", default=FAMILIES)
     p.add_argument("--test", type=int, default=30, help="held-out test tasks per family")
+    p.add_argument(
+        "--only",
+        nargs="*",
+        default=[],
+        metavar="FAMILY=POLICY",
+        help="play only this policy on that family (base, no-repeat); repeatable",
+    )
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compact_obs.json")
     args = p.parse_args()
+    args.policies = {}
+    for item in args.only:
+        family, _, policy = item.partition("=")
+        args.policies.setdefault(family, []).append("base" if policy == "base" else "base + no-repeat")
 
     from ratchet.server.launcher import EmbeddedServer
 

@@ -296,10 +296,14 @@ def test_results_seen_word_for_word_are_shown_as_a_note_and_prompts_still_extend
     assert repeat_note(ROOM) == note
     # the task's own observation counts as seen; the first corridor is new; short results stay
     assert shown[:5] == [note, HALL, "Nothing happens.", "Nothing happens.", repeat_note(HALL)]
-    assert shown[5] == note + "\nValid actions: a, b"  # the latest, shortened too, then the options
+    assert shown[5] == ROOM + "\nValid actions: a, b"  # the latest in full (it is acted on), then the options
+    assert str(prompts[0][-1].content).startswith(ROOM)  # a repeat of the task's, but the latest
     for before, after in zip(prompts, prompts[1:], strict=False):  # the server's prefix cache still hits
-        head = [m.content for m in before[:-1]] + [str(before[-1].content).rsplit("\nValid", 1)[0]]
-        assert [m.content for m in after[: len(before)]] == head
+        assert [m.content for m in after[: len(before) - 1]] == [m.content for m in before[:-1]]
+        latest = str(before[-1].content).removesuffix("\nValid actions: a, b")
+        later = str(after[len(before) - 1].content)
+        assert later in (latest, repeat_note(latest))  # as it was, or shortened now that it is history
+        assert latest.split(". ", 1)[0] == later.split(". ", 1)[0]  # either way, the same first sentence
     plain = build_prompt("sys", task, history, 10, "", compact_repeats=False)
     assert [str(m.content) for m in plain[3::2]] == results  # off: every result as it came
 
