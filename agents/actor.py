@@ -259,11 +259,12 @@ def compact(task: str, shown: list[AnyMessage]) -> list[AnyMessage]:
     every `look around` and every return to a room, ~160 tokens each time, and every later
     step attends to (and the server copies the keys and values of) every copy.
 
-    The latest result is always shown in full: it is what the model acts on, and shortening
-    it lost coin tasks (the model, back in the room with the coin, no longer read "coin":
-    4 regressions, 0 repairs in 30, bench/compact_obs.py). Like the valid actions appended
-    to it, it is shortened when the next step makes it history; the note starts with the
-    same first sentence, so the server's prefix cache still holds everything before it.
+    The latest result is always shown in full, since it is what the model acts on; like the
+    valid actions appended to it, it is shortened when the next step makes it history, and
+    the note starts with the same first sentence, so the server's prefix cache still holds
+    everything before it. Off by default (`Settings.compact_repeats`): on coin the shipped
+    model lost 4 of 30 test tasks by it, with the latest result shortened or not
+    (bench/compact_obs.py).
     Any other message renders the same at every step until the window trims (then a result
     whose first copy was dropped is shown in full again; the trim re-prefills from there
     anyway)."""

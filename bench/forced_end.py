@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prefill_groups import encode, episodes, play, traffic_parser  # noqa: E402
+from prefill_groups import run_variants, traffic_parser  # noqa: E402
 
 KEYS = ("seconds", "decode_seconds", "prefill_seconds", "kv_seconds", "grammar_seconds", "forward_steps")
 
@@ -32,27 +32,12 @@ def main() -> None:
     parser = traffic_parser(__doc__.split("\n\n")[0])
     parser.set_defaults(tokens=48)
     args = parser.parse_args()
-    from ratchet.server.engine import Engine
-    from ratchet.server.weights import ensure_hf_copy
-
-    model_dir = ensure_hf_copy(ROOT / ".ratchet" / "models")
-    requests = episodes(args.rollouts, args.steps)
-    variants = {"token by token": False, "forced end": True}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
-    replies: dict[str, list] = {}
-    for _ in range(args.rounds):
-        for name, forced_end in variants.items():
-            engine = Engine(model_dir, max_batch=args.concurrency, forced_end=forced_end)
-            try:
-                eps = [[encode(engine, r) for r in e] for e in requests]
-                seconds, answers = play(engine, eps, args.tokens, args.concurrency)
-                stats = dict(engine.stats)
-            finally:
-                engine.close()
-            replies[name] = [[(a.text, a.finish_reason, a.grammar_complete) for a in ep] for ep in answers]
-            runs[name].append({"seconds": seconds, **{k: float(v) for k, v in stats.items()}})
-            parts = "  ".join(f"{k.removesuffix('_seconds')} {stats[k]:7.1f}" for k in KEYS[1:])
-            print(f"{name:15s} {seconds:7.1f} s  {parts}", flush=True)
+    variants = {"token by token": {"forced_end": False}, "forced end": {"forced_end": True}}
+    runs, results = run_variants(args, variants, KEYS[1:])
+    replies = {
+        name: [[(a.text, a.finish_reason, a.grammar_complete) for a in ep] for ep in eps]
+        for name, eps in results.items()
+    }
     a, b = replies.values()
     assert a == b, "the engines answered differently"
     steps = sum(len(ep) for ep in a)

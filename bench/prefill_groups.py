@@ -99,6 +99,34 @@ def play(
     return time.perf_counter() - started, [answers[i] for i in range(len(eps))]
 
 
+def run_variants(
+    args: argparse.Namespace, variants: dict[str, dict[str, Any]], keys: tuple[str, ...]
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, list[list[Any]]]]:
+    """Play the workload on one engine per variant (`Engine(**kwargs)`), interleaved
+    `args.rounds` times in this process: each run's wall seconds and engine counters, and the
+    last round's replies per variant (`GenResult`s, per episode)."""
+    from ratchet.server.engine import Engine
+    from ratchet.server.weights import ensure_hf_copy
+
+    model_dir = ensure_hf_copy(ROOT / ".ratchet" / "models")
+    requests = episodes(args.rollouts, args.steps)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    replies: dict[str, list[list[Any]]] = {}
+    for _ in range(args.rounds):
+        for name, kwargs in variants.items():
+            engine = Engine(model_dir, max_batch=args.concurrency, **kwargs)
+            try:
+                eps = [[encode(engine, r) for r in e] for e in requests]
+                seconds, replies[name] = play(engine, eps, args.tokens, args.concurrency)
+                stats = dict(engine.stats)
+            finally:
+                engine.close()
+            runs[name].append({"seconds": seconds, **{k: float(v) for k, v in stats.items()}})
+            parts = "  ".join(f"{k.removesuffix('_seconds')} {stats[k]:7.1f}" for k in keys if k in stats)
+            print(f"{name:16s} {seconds:7.1f} s  {parts}", flush=True)
+    return runs, replies
+
+
 def traffic_parser(description: str | None) -> argparse.ArgumentParser:
     """The workload's knobs, shared by the engine benches that replay it."""
     p = argparse.ArgumentParser(description=description)

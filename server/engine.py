@@ -50,6 +50,7 @@ import torch.nn.functional as F
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ratchet.server import attention
 from ratchet.server.kv_cache import GrowingCache, spare
 from ratchet.server.prefix_cache import PrefixCache
 
@@ -94,6 +95,7 @@ class Engine:
         group_prefill: bool = True,
         compact_share: float = 0.5,
         forced_end: bool = True,
+        attn_implementation: str = attention.NAME,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.max_batch = max_batch
@@ -108,7 +110,10 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        # grouped-query attention without copying keys and values per query head
+        # (`server.attention`; "sdpa" is transformers' own, bench/grouped_attention.py)
+        self.attn_implementation = attn_implementation
+        self.model: Any = self._load_base()
         self.model.eval()
         self.vocab_size = self.model.config.vocab_size
         self.stop_ids = {self.tokenizer.eos_token_id}
@@ -141,6 +146,11 @@ class Engine:
         self._stopped = threading.Event()
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._worker.start()
+
+    def _load_base(self) -> Any:
+        return AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=torch.float32, attn_implementation=self.attn_implementation
+        )
 
     # ----------------------------------------------------------------------------- public
     def submit(self, req: GenRequest) -> Future[GenResult]:
@@ -192,7 +202,7 @@ class Engine:
         if self.adapters and name in peft_config:
             self.model.delete_adapter(name)
         elif not self.adapters:  # the failed first load may have injected LoRA layers in place
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+            self.model = self._load_base().eval()
             self.prefix_cache = PrefixCache(self.prefix_cache.max_tokens)
 
     def unload_adapter(self, name: str) -> None:
