@@ -221,3 +221,44 @@ def test_batched_decoding_matches_transformers_generate(engines, base_model_dir)
         out = model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False)[0, len(p) :].tolist()
         want = out[: out.index(tok.eos_token_id)] if tok.eos_token_id in out else out
         assert f.result().token_ids == want
+
+
+def test_folded_grouped_attention_gives_the_same_logits_to_the_bit(base_model_dir, monkeypatch):
+    """`server.attention` folds the 9 query heads onto their 3 key/value heads in a masked
+    prefill instead of copying keys and values per head: rows with holes on the left (as the
+    engine lays out cached prefixes), a cached past, several new tokens per row. The logits
+    must be exactly transformers' own `sdpa`, or greedy replies could change."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from ratchet.server import attention
+
+    def load(impl: str):  # type: ignore[no-untyped-def]
+        return AutoModelForCausalLM.from_pretrained(
+            base_model_dir, dtype=torch.float32, attn_implementation=impl
+        )
+
+    models = [load(impl).eval() for impl in ("sdpa", attention.NAME)]
+
+    def fallback(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("a masked prefill went to transformers' sdpa: nothing was folded")
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", fallback)  # the stock model calls its own
+    assert models[0].config.num_attention_heads > models[0].config.num_key_value_heads  # grouped
+    gen = torch.Generator().manual_seed(0)
+    n, past, width = 4, 300, 24
+    ids = torch.randint(0, 49000, (n, past + width), generator=gen)
+    attn = torch.ones(n, past + width, dtype=torch.long)
+    for i in range(n):
+        attn[i, : 41 * i] = 0  # a hole of another width in every row
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = []
+    with torch.inference_mode():
+        for model in models:
+            cache = DynamicCache()
+            head, tail = slice(0, past), slice(past, None)
+            model(
+                input_ids=ids[:, head], attention_mask=attn[:, head], position_ids=pos[:, head], cache=cache
+            )
+            out = model(input_ids=ids[:, tail], attention_mask=attn, position_ids=pos[:, tail], cache=cache)
+            logits.append(out.logits)
+    assert torch.equal(logits[0], logits[1])
