@@ -26,11 +26,12 @@ def bench_settings(prefix: str, **overrides: Any) -> Any:
     return settings
 
 
-def write_result(name: str, summary: dict[str, Any]) -> None:
-    """Print a benchmark's summary and keep it as bench/results/<name>.json."""
+def write_result(name: str, summary: dict[str, Any], kept: dict[str, Any] | None = None) -> None:
+    """Print a benchmark's summary and keep it, with `kept` (its arguments, every run), as
+    bench/results/<name>.json."""
     import json
 
     print(json.dumps(summary, indent=2))
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    (out / f"{name}.json").write_text(json.dumps({**(kept or {}), **summary}, indent=2))

@@ -14,8 +14,6 @@ Writes bench/results/forced_end.json.
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prefill_groups import run_variants, traffic_parser  # noqa: E402
+from _setup import write_result  # noqa: E402
+from prefill_groups import medians, run_variants, traffic_parser  # noqa: E402
 
 KEYS = ("seconds", "decode_seconds", "prefill_seconds", "kv_seconds", "grammar_seconds", "forward_steps")
 
@@ -41,7 +40,7 @@ def main() -> None:
     a, b = replies.values()
     assert a == b, "the engines answered differently"
     steps = sum(len(ep) for ep in a)
-    med = {name: {k: statistics.median(r[k] for r in v) for k in KEYS} for name, v in runs.items()}
+    med = medians(runs, KEYS)
     base, new = med["token by token"], med["forced end"]
     summary = {
         "speedup": base["seconds"] / new["seconds"],
@@ -51,9 +50,7 @@ def main() -> None:
         "same_replies": True,
         "median": med,
     }
-    print(json.dumps(summary, indent=2))
-    out = ROOT / "bench" / "results" / "forced_end.json"
-    out.write_text(json.dumps({"args": vars(args), "runs": runs, **summary}, indent=2))
+    write_result("forced_end", summary, {"args": vars(args), "runs": runs})
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Writes bench/results/grouped_attention.json (`--forward`: grouped_attention_forw
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prefill_groups import run_variants, traffic_parser  # noqa: E402
+from _setup import write_result  # noqa: E402
+from prefill_groups import medians, run_variants, traffic_parser  # noqa: E402
 
 KEYS = ("seconds", "prefill_seconds", "decode_seconds", "kv_seconds", "prefilled_tokens")
 
@@ -100,15 +100,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.forward:
         result = one_forward(args.past, args.rounds)
-        print(json.dumps(result, indent=2))
-        out = ROOT / "bench" / "results" / "grouped_attention_forward.json"
-        out.write_text(json.dumps(result, indent=2))
+        write_result("grouped_attention_forward", result)
         return
     variants = {"repeat_kv (sdpa)": {"attn_implementation": "sdpa"}, "folded": {}}
     runs, results = run_variants(args, variants, KEYS[1:])
     a, b = ([(r.token_ids, r.finish_reason) for ep in eps for r in ep] for eps in results.values())
     assert a == b, "the engines answered differently"
-    med = {name: {k: statistics.median(r[k] for r in v) for k in KEYS} for name, v in runs.items()}
+    med = medians(runs, KEYS)
     base, new = med["repeat_kv (sdpa)"], med["folded"]
     summary = {
         "speedup": base["seconds"] / new["seconds"],
@@ -117,9 +115,7 @@ def main() -> None:
         "same_tokens": True,
         "median": med,
     }
-    print(json.dumps(summary, indent=2))
-    out = ROOT / "bench" / "results" / "grouped_attention.json"
-    out.write_text(json.dumps({"args": vars(args), "runs": runs, **summary}, indent=2))
+    write_result("grouped_attention", summary, {"args": vars(args), "runs": runs})
 
 
 if __name__ == "__main__":

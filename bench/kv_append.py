@@ -26,8 +26,6 @@ Writes bench/results/kv_append.json.
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prefill_groups import encode, episodes, play, traffic_parser  # noqa: E402
+from _setup import write_result  # noqa: E402
+from prefill_groups import medians, run_variants, traffic_parser  # noqa: E402
 
 
 @contextmanager
@@ -61,37 +60,12 @@ def concatenating() -> Iterator[None]:
 
 def main() -> None:
     args = traffic_parser(__doc__.split("\n\n")[0]).parse_args()
-    from contextlib import nullcontext
-
-    from ratchet.server.engine import Engine
-    from ratchet.server.weights import ensure_hf_copy
-
-    model_dir = ensure_hf_copy(ROOT / ".ratchet" / "models")
-    requests = episodes(args.rollouts, args.steps)
-    variants = {"before": (True, 0.0), "in place, eager": (False, 0.0), "after": (False, 0.5)}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
-    answers: dict[str, list] = {}
-    for _ in range(args.rounds):
-        for name, (concat, share) in variants.items():
-            with concatenating() if concat else nullcontext():
-                engine = Engine(model_dir, max_batch=args.concurrency, compact_share=share)
-                try:
-                    eps = [[encode(engine, r) for r in e] for e in requests]
-                    seconds, answers[name] = play(engine, eps, args.tokens, args.concurrency)
-                    stats = dict(engine.stats)
-                finally:
-                    engine.close()
-            runs[name].append({"seconds": seconds, **{k: float(v) for k, v in stats.items()}})
-            parts = "  ".join(
-                f"{k.removesuffix('_seconds')} {stats[k]:6.1f}"
-                for k in ("decode_seconds", "kv_seconds", "prefill_seconds")
-            )
-            print(f"{name:16s} {seconds:7.1f} s  {parts}", flush=True)
-    assert all(a == answers["after"] for a in answers.values()), "the engines answered differently"
-    med = {
-        k: {m: statistics.median(r[m] for r in v) for m in ("seconds", "decode_seconds", "kv_seconds")}
-        for k, v in runs.items()
-    }
+    variants = {"before": {"compact_share": 0.0}, "in place, eager": {"compact_share": 0.0}, "after": {}}
+    keys = ("seconds", "decode_seconds", "kv_seconds")
+    runs, answers = run_variants(args, variants, keys[1:] + ("prefill_seconds",), {"before": concatenating})
+    tokens = {name: [[r.token_ids for r in ep] for ep in eps] for name, eps in answers.items()}
+    assert all(t == tokens["after"] for t in tokens.values()), "the engines answered differently"
+    med = medians(runs, keys)
     summary = {
         "speedup": med["before"]["seconds"] / med["after"]["seconds"],
         "decode_ratio": med["before"]["decode_seconds"] / med["after"]["decode_seconds"],
@@ -99,9 +73,7 @@ def main() -> None:
         "median": med,
         "same_answers": True,
     }
-    print(json.dumps(summary, indent=2))
-    out = ROOT / "bench" / "results" / "kv_append.json"
-    out.write_text(json.dumps({"args": vars(args), "runs": runs, **summary}, indent=2))
+    write_result("kv_append", summary, {"args": vars(args), "runs": runs})
 
 
 if __name__ == "__main__":

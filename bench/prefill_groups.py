@@ -22,13 +22,18 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from queue import Queue
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _setup import write_result  # noqa: E402
 
 
 def episodes(n: int, steps: int) -> list[list[dict[str, Any]]]:
@@ -99,32 +104,45 @@ def play(
     return time.perf_counter() - started, [answers[i] for i in range(len(eps))]
 
 
+Runs = dict[str, list[dict[str, float]]]  # per variant, per round: wall seconds and engine counters
+
+
 def run_variants(
-    args: argparse.Namespace, variants: dict[str, dict[str, Any]], keys: tuple[str, ...]
-) -> tuple[dict[str, list[dict[str, float]]], dict[str, list[list[Any]]]]:
-    """Play the workload on one engine per variant (`Engine(**kwargs)`), interleaved
-    `args.rounds` times in this process: each run's wall seconds and engine counters, and the
-    last round's replies per variant (`GenResult`s, per episode)."""
+    args: argparse.Namespace,
+    variants: dict[str, dict[str, Any]],
+    keys: tuple[str, ...],
+    contexts: dict[str, Callable[[], AbstractContextManager[Any]]] | None = None,
+) -> tuple[Runs, dict[str, list[list[Any]]]]:
+    """Play the workload on one engine per variant (`Engine(**kwargs)`, inside the variant's
+    context if it has one), interleaved `args.rounds` times in this process: each run's wall
+    seconds and engine counters, and the last round's replies per variant (`GenResult`s, per
+    episode). `keys` are the counters printed after each run."""
     from ratchet.server.engine import Engine
     from ratchet.server.weights import ensure_hf_copy
 
     model_dir = ensure_hf_copy(ROOT / ".ratchet" / "models")
     requests = episodes(args.rollouts, args.steps)
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    runs: Runs = {name: [] for name in variants}
     replies: dict[str, list[list[Any]]] = {}
     for _ in range(args.rounds):
         for name, kwargs in variants.items():
-            engine = Engine(model_dir, max_batch=args.concurrency, **kwargs)
-            try:
-                eps = [[encode(engine, r) for r in e] for e in requests]
-                seconds, replies[name] = play(engine, eps, args.tokens, args.concurrency)
-                stats = dict(engine.stats)
-            finally:
-                engine.close()
+            with (contexts or {}).get(name, nullcontext)():
+                engine = Engine(model_dir, max_batch=args.concurrency, **kwargs)
+                try:
+                    eps = [[encode(engine, r) for r in e] for e in requests]
+                    seconds, replies[name] = play(engine, eps, args.tokens, args.concurrency)
+                    stats = dict(engine.stats)
+                finally:
+                    engine.close()
             runs[name].append({"seconds": seconds, **{k: float(v) for k, v in stats.items()}})
             parts = "  ".join(f"{k.removesuffix('_seconds')} {stats[k]:7.1f}" for k in keys if k in stats)
             print(f"{name:16s} {seconds:7.1f} s  {parts}", flush=True)
     return runs, replies
+
+
+def medians(runs: Runs, keys: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Per variant, the median over rounds of each of `keys`."""
+    return {name: {k: statistics.median(r[k] for r in v) for k in keys} for name, v in runs.items()}
 
 
 def traffic_parser(description: str | None) -> argparse.ArgumentParser:
@@ -140,34 +158,15 @@ def traffic_parser(description: str | None) -> argparse.ArgumentParser:
 
 def main() -> None:
     args = traffic_parser(__doc__.split("\n\n")[0]).parse_args()
-    from ratchet.server.engine import Engine
-    from ratchet.server.weights import ensure_hf_copy
-
-    model_dir = ensure_hf_copy(ROOT / ".ratchet" / "models")
-    requests = episodes(args.rollouts, args.steps)
-    runs: dict[str, list[dict[str, float]]] = {"grouped": [], "one forward": []}
-    for _ in range(args.rounds):
-        for name, grouped in (("grouped", True), ("one forward", False)):
-            engine = Engine(model_dir, max_batch=args.concurrency, group_prefill=grouped)
-            try:
-                eps = [[encode(engine, r) for r in e] for e in requests]
-                seconds, _ = play(engine, eps, args.tokens, args.concurrency)
-                stats = dict(engine.stats)
-            finally:
-                engine.close()
-            runs[name].append({"seconds": seconds, **{k: float(v) for k, v in stats.items()}})
-            shown = f"slots {stats['prefill_slots']:>8}  prefilled {stats['prefilled_tokens']:>7}"
-            print(f"{name:12s} {seconds:7.1f} s  {shown}  requests {stats['requests']}", flush=True)
-    med = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}
-    slots = {k: statistics.median(r["prefill_slots"] for r in v) for k, v in runs.items()}
+    variants = {"grouped": {"group_prefill": True}, "one forward": {"group_prefill": False}}
+    runs, _ = run_variants(args, variants, ("prefill_slots", "prefilled_tokens", "requests"))
+    med = medians(runs, ("seconds", "prefill_slots"))
     summary = {
-        "speedup": med["one forward"] / med["grouped"],
-        "prefill_slots_ratio": slots["one forward"] / slots["grouped"],
-        "median_seconds": med,
+        "speedup": med["one forward"]["seconds"] / med["grouped"]["seconds"],
+        "prefill_slots_ratio": med["one forward"]["prefill_slots"] / med["grouped"]["prefill_slots"],
+        "median_seconds": {name: m["seconds"] for name, m in med.items()},
     }
-    print(json.dumps(summary, indent=2))
-    out = ROOT / "bench" / "results" / "prefill_groups.json"
-    out.write_text(json.dumps({"args": vars(args), "runs": runs, **summary}, indent=2))
+    write_result("prefill_groups", summary, {"args": vars(args), "runs": runs})
 
 
 if __name__ == "__main__":
