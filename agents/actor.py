@@ -262,12 +262,12 @@ def compact(task: str, shown: list[AnyMessage]) -> list[AnyMessage]:
     The latest result is always shown in full, since it is what the model acts on; like the
     valid actions appended to it, it is shortened when the next step makes it history, and
     the note starts with the same first sentence, so the server's prefix cache still holds
-    everything before it. Off by default (`Settings.compact_repeats`): on coin the shipped
-    model lost 4 of 30 test tasks by it, with the latest result shortened or not
-    (bench/compact_obs.py).
-    Any other message renders the same at every step until the window trims (then a result
-    whose first copy was dropped is shown in full again; the trim re-prefills from there
-    anyway)."""
+    everything before it. Any other message renders the same at every step until the window
+    trims (then a result whose first copy was dropped is shown in full again; the trim
+    re-prefills from there anyway).
+
+    Off by default (`Settings.compact_repeats`): on coin the shipped model lost 4 of 30 test
+    tasks by it, with the latest result shortened or not (bench/compact_obs.py)."""
     seen: set[str] = set()
     out: list[AnyMessage] = []
     for i, m in enumerate(shown):
