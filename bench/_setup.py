@@ -26,18 +26,6 @@ def bench_settings(prefix: str, **overrides: Any) -> Any:
     return settings
 
 
-def stop_on_sigterm() -> None:
-    """Make `kill` (SIGTERM) unwind like Ctrl-C, as the `ratchet` CLI does: `with` blocks stop
-    the model server and exit handlers stop Prefect's API server. Without it a killed
-    benchmark leaves Prefect's server (uvicorn) running."""
-    import signal
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-
-
 def write_result(name: str, summary: dict[str, Any], kept: dict[str, Any] | None = None) -> None:
     """Print a benchmark's summary and keep it, with `kept` (its arguments, every run), as
     bench/results/<name>.json."""

@@ -132,7 +132,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compact_obs.json")
     args = p.parse_args()
-    from _setup import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_sigterm
 
     stop_on_sigterm()  # a killed run stops its servers
     args.policies = {}

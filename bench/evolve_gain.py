@@ -202,7 +202,7 @@ def main(**defaults: Any) -> None:
     p.add_argument("--redraw", type=Path, default=None, help="only redraw table and plot from a results JSON")
     p.set_defaults(**defaults)
     args = p.parse_args()
-    from _setup import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_sigterm
 
     stop_on_sigterm()  # a killed run stops its servers
     if args.redraw is not None:

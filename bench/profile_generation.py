@@ -122,7 +122,7 @@ def main() -> None:
     p.add_argument("--name", default="profile_generation", help="results file name under bench/results")
     p.add_argument("--report", type=Path, default=None, help="only print the tables of a results file")
     args = p.parse_args()
-    from _setup import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_sigterm
 
     stop_on_sigterm()  # a killed run stops its servers
     if args.report is not None:

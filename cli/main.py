@@ -543,14 +543,10 @@ def _print_verify(result: Any) -> None:
         console.print(f"[dim]not tested (no dev tasks in this suite): {', '.join(result.skipped)}[/]")
 
 
-def _terminate_gracefully(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # so `with` blocks stop the model server and close stores
-
-
 def main() -> None:
-    import signal
+    from ratchet.runtime_env import stop_on_sigterm
 
-    signal.signal(signal.SIGTERM, _terminate_gracefully)
+    stop_on_sigterm()
     app()
 
 

@@ -37,3 +37,16 @@ def prepare_environment(settings: Settings) -> None:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+
+
+def stop_on_sigterm() -> None:
+    """Make `kill` (SIGTERM) unwind like Ctrl-C: `with` blocks stop the model server and close
+    stores, and exit handlers stop Prefect's API server. Left at Python's default, SIGTERM ends
+    the process at once and leaves Prefect's server (uvicorn) running. For entry points: the
+    CLI and the benchmarks."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
