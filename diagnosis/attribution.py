@@ -19,6 +19,11 @@ unchanged, so only the sequence shows it). `bench/attribution.py` measures both:
 on TextWorldExpress coin with other gold paths as the only references, 19% exact for
 divergence alone vs 73% with states first.
 
+A success that looked around (an action that left its state as it was) before it moved on
+did not do that *instead*: alternatives rank the actions that left the state first and
+drop the ones that never did, unless nothing else is known there. Otherwise a `prefer`
+rule mined from the first alternative could prefer a no-op.
+
 Attribution is not causation: a failure can leave the successful paths harmlessly and
 fail much later; the diagnosis keeps the cheap signals beside it for that reason.
 """
@@ -58,7 +63,14 @@ def state_key(step: Step) -> str:
 @dataclass
 class _Node:
     count: int = 0
+    left: int = 0  # how often the action into this node left the state it was taken from
     children: dict[str, _Node] = field(default_factory=dict)
+
+
+def _ranked(taken: dict[str, int], left: dict[str, int]) -> list[str]:
+    """Actions most common first; those that never left their state are dropped while any did."""
+    moving = [a for a in taken if left.get(a, 0) > 0]
+    return sorted(moving or taken, key=lambda a: (-taken[a], a))
 
 
 class SuccessTree:
@@ -68,6 +80,7 @@ class SuccessTree:
         self.root = _Node()
         self.size = 0
         self.states: dict[str, Counter[str]] = defaultdict(Counter)  # state -> actions successes took
+        self.left: dict[str, Counter[str]] = defaultdict(Counter)  # state -> those of them that left it
         self.visitors: dict[str, set[str]] = defaultdict(set)  # state -> successes that acted there
         for t in successes:
             self.add(t)
@@ -76,14 +89,19 @@ class SuccessTree:
         node = self.root
         node.count += 1
         self.size += 1
-        for step in traj.steps:
+        for i, step in enumerate(traj.steps):
             action = normalize_action(step)
             if action is None:
                 continue
-            self.states[state_key(step)][action] += 1
-            self.visitors[state_key(step)].add(traj.id)
+            state = state_key(step)
+            # The last step ended the run, which leaves any state.
+            left = i + 1 == len(traj.steps) or state_key(traj.steps[i + 1]) != state
+            self.states[state][action] += 1
+            self.left[state][action] += left
+            self.visitors[state].add(traj.id)
             node = node.children.setdefault(action, _Node())
             node.count += 1
+            node.left += left
 
     def attribute(self, failure: Trajectory) -> Attribution | None:
         """Where `failure` left the successful paths for good (states first, then the prefix
@@ -102,11 +120,10 @@ class SuccessTree:
             return None
         index, action, seen = last
         state = state_key(next(s for s in failure.steps if s.index == index))
-        ranked = sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))
         return Attribution(
             step=index,
             taken=action,
-            alternatives=[a for a, _ in ranked],
+            alternatives=_ranked(seen, self.left[state]),
             support=len(self.visitors[state]),
             references=self.size,
         )
@@ -116,11 +133,13 @@ class SuccessTree:
         for index, action in action_path(failure):
             child = node.children.get(action)
             if child is None:
-                ranked = sorted(node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
+                children = node.children
                 return Attribution(
                     step=index,
                     taken=action,
-                    alternatives=[a for a, _ in ranked],
+                    alternatives=_ranked(
+                        {a: c.count for a, c in children.items()}, {a: c.left for a, c in children.items()}
+                    ),
                     support=node.count,
                     references=self.size,
                 )

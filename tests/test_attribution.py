@@ -147,6 +147,33 @@ def test_support_counts_successes_sharing_the_prefix() -> None:
     assert at_root.alternatives == ["act: a", "act: f"]
 
 
+def _seen(observations_and_actions: list[tuple[str, str]], *, success: bool, tid: str) -> Trajectory:
+    """A trajectory of `act` steps with the observation each step saw given explicitly."""
+    steps = [
+        Step(index=i, observation=seen, tool_call=ToolCall(name="act", args={"action": a}))
+        for i, (seen, a) in enumerate(observations_and_actions)
+    ]
+    return _traj([], success=success, tid=tid).model_copy(update={"steps": steps})
+
+
+def test_an_action_that_left_the_state_unchanged_is_not_an_alternative() -> None:
+    # The success looked around in the pantry (same observation after it), then took the coin.
+    # Ranked by name, 'look around' would come first, and a prefer rule mined from the first
+    # alternative would prefer a no-op.
+    success = _seen([("pantry", "look around"), ("pantry", "take coin")], success=True, tid="s")
+    failure = _seen([("pantry", "look around"), ("pantry", "move south")], success=False, tid="f")
+    a = attribute(failure, [success])
+    assert a is not None and (a.step, a.taken) == (1, "act: move south")
+    assert a.alternatives == ["act: take coin"]
+    # Taking the no-op is not a divergence either: it is something a success did there.
+    assert attribute(_seen([("pantry", "look around")], success=False, tid="g"), [success]) is None
+    # In the prefix tree, where the successes' only move at that point stayed put, it is kept:
+    # a failure whose states no success saw (here every observation differs) falls back to it.
+    stay = _seen([("hall", "look around"), ("hall", "take coin")], success=True, tid="t")
+    b = attribute(_seen([("cellar", "move west")], success=False, tid="h"), [stay])
+    assert b is not None and (b.step, b.alternatives) == (0, ["act: look around"])
+
+
 def test_attribute_ignores_successes_of_other_tasks() -> None:
     failure = _traj(["look", "move south"], success=False, task="t:coin:train:1")
     same = _traj(["look", "move north"], success=True, task="t:coin:train:1", tid="same")
