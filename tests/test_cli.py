@@ -95,23 +95,20 @@ def test_port_in_use(tmp_path, command):
 
 
 @pytest.mark.integration
-def test_run_then_browse_trajectories(tmp_path, embedded_server):
+def test_run_starts_its_own_server_then_browse_trajectories(tmp_path, base_model_dir):
+    """`ratchet run` without an endpoint starts the embedded server and stops it when done;
+    then the trajectories, failures and skills it stored are browsed from the CLI."""
+    _share_converted_model(tmp_path, base_model_dir)
     proc = ratchet(
-        "--endpoint",
-        embedded_server,
-        "--suite",
-        "reasoning-gym:chain_sum",
-        "run",
-        "--train",
-        "1",
-        "--test",
-        "2",
-        "-k",
-        "2",
-        cwd=tmp_path,
+        "--suite", "reasoning-gym:chain_sum", "run", "--train", "1", "--test", "2", "-k", "2", cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "explore" in proc.stdout and "evaluate" in proc.stdout and "MLflow run" in proc.stdout
+    assert (tmp_path / "data" / "logs" / "server.log").exists()
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"models-dir {tmp_path / 'data' / 'models'}"], capture_output=True, text=True
+    )
+    assert leftover.stdout.strip() == ""  # the server it started is gone
 
     listed = ratchet("trajectories", "list", "--split", "test", cwd=tmp_path)
     assert listed.returncode == 0 and "2 of 2 shown" in listed.stdout
@@ -144,30 +141,6 @@ def _share_converted_model(tmp_path: Path, base_model_dir: Path) -> None:
     """Point the data dir's model cache at the test session's converted copy (skips a 20 s conversion)."""
     (tmp_path / "data").mkdir(exist_ok=True)
     (tmp_path / "data" / "models").symlink_to(base_model_dir.parent, target_is_directory=True)
-
-
-@pytest.mark.integration
-def test_run_starts_and_stops_its_own_embedded_server(tmp_path, base_model_dir):
-    _share_converted_model(tmp_path, base_model_dir)
-    proc = ratchet(
-        "--suite",
-        "reasoning-gym:basic_arithmetic",
-        "run",
-        "--train",
-        "1",
-        "--test",
-        "1",
-        "-k",
-        "2",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "evaluate" in proc.stdout
-    assert (tmp_path / "data" / "logs" / "server.log").exists()
-    leftover = subprocess.run(
-        ["pgrep", "-f", f"models-dir {tmp_path / 'data' / 'models'}"], capture_output=True, text=True
-    )
-    assert leftover.stdout.strip() == ""  # the server it started is gone
 
 
 @pytest.mark.slow

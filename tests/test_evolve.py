@@ -203,6 +203,7 @@ def _kill_and_resume(data: Path, fault: str) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # two `ratchet evolve` processes; CI resumes in process (test_flows, test_finetune)
 def test_a_kill_mid_explore_resumes_without_losing_or_repeating_rollouts(data: Path) -> None:
     _kill_and_resume(data, "rollout.stored:8")  # generation 0's 3 test rollouts, then 5 of explore's 6
 

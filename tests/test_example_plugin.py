@@ -65,6 +65,7 @@ def test_suites_list_and_check_show_an_installed_plugin(site: Path, tmp_path: Pa
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # CI checks the installed plugin (list, check) and the suite contract (test_conformance)
 def test_the_example_plugin_runs_through_evaluate_and_resume_checks_its_version(
     site: Path, tmp_path: Path, embedded_server: str
 ) -> None:

@@ -386,6 +386,7 @@ mode = "off"
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a whole evolve; CI checks each view on its own above and an evolve in test_evolve
 def test_a_short_evolve_fills_mlflows_genai_views(tmp_path: Path, embedded_server: str) -> None:
     from ratchet.flows.evolve import evolve_flow
     from ratchet.flows.journal import Journal

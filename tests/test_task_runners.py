@@ -43,6 +43,7 @@ def _played(data: Path) -> dict[str, Any]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # an optional task runner; a Dask cluster costs ~45 s to start and play on
 def test_explore_on_dask_with_two_workers_matches_threads(
     embedded_server: str, prefect_server: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

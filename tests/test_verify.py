@@ -224,6 +224,7 @@ def test_manual_promotion_leaves_verified_candidates_for_a_person(tmp_path: Path
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # two verify flows; CI checks the engine's determinism (test_engine, test_replay)
 def test_same_seeds_same_evidence_on_the_real_engine(embedded_server: str, tmp_path: Path) -> None:
     """Greedy decoding, the same dev tasks and seeds: a second verify from scratch (fresh store
     and library) reaches the same pairs, counts and decision."""
