@@ -198,15 +198,38 @@ def experts_pass(suite: Suite, n: int) -> str:
     for task in sample(suite, "train", n):
         traj = run_expert(suite, RolloutSlot("conformance", 0, task, -1))
         if traj is None:
-            with suite.episode(task) as episode:
-                episode.reset()
-                if episode.expert_actions():
-                    raise ConformanceError(f"{task.id}: the reference solution does not solve the task")
+            _require(
+                not _reference_fails(suite, task),
+                f"{task.id}: the reference solution does not solve the task",
+            )
             continue
         _require(traj.status == "finished", f"{task.id}: the reference solution raised {traj.error}")
         _require(traj.success, f"{task.id}: the reference solution is not verified as a success")
         played += 1
     return f"{played} reference solutions verified" if played else "no reference solutions (optional)"
+
+
+def _reference_fails(suite: Suite, task: Task) -> bool:
+    """Why did `run_expert` give nothing? Play a fresh draw of the reference solution to its
+    end: True if a plan that fits the task's step budget is refused or ends without success.
+
+    A plan longer than the budget is not the suite's fault: TextWorldExpress draws its gold
+    path at random at every reset, and about one draw in 40 on coin is longer than the 15
+    steps a task allows, so the expert stops short of the win."""
+    with suite.episode(task) as episode:
+        episode.reset()
+        plan = episode.expert_actions()
+        if not plan or len(plan) > task.max_steps:
+            return False
+        result = None
+        for action in plan:
+            try:
+                result = episode.play(action)
+            except ActionError:
+                return True
+            if result.done:
+                break
+        return result is None or not result.success
 
 
 @check

@@ -174,6 +174,30 @@ def test_each_broken_promise_is_named_by_its_check(
     assert set(failed) == {broken} | also, failed
 
 
+class LongExpertEpisode(GuessEpisode):
+    """A right reference solution drawn at random at every reset, as TextWorldExpress draws its
+    gold paths: every other draw wastes three guesses first and no longer fits the 3-step budget."""
+
+    draws = 0
+
+    def expert_actions(self) -> list[ToolCall | str] | None:
+        LongExpertEpisode.draws += 1
+        detour = [ToolCall(name="guess", args={"n": 11})] * 3 if LongExpertEpisode.draws % 2 else []
+        return [*detour, *super().expert_actions()]  # type: ignore[misc]
+
+
+class OnlyLongExpertEpisode(GuessEpisode):
+    def expert_actions(self) -> list[ToolCall | str] | None:
+        return [ToolCall(name="guess", args={"n": 11})] * 3 + super().expert_actions()  # type: ignore[operator]
+
+
+def test_a_reference_solution_longer_than_the_step_budget_is_not_a_broken_one() -> None:
+    assert failing(_with(LongExpertEpisode)()) == {}  # the draw after a long one is checked instead
+    assert LongExpertEpisode.draws >= 4  # long draws did happen (one per task, then a short one)
+    results = {r.name: r for r in check_suite(_with(OnlyLongExpertEpisode)(), 3)}
+    assert results["experts_pass"].ok and "no reference solutions" in results["experts_pass"].detail
+
+
 def test_a_crashing_check_is_a_failed_check_not_a_crashed_kit() -> None:
     class Exploding(GuessSuite):
         def split_sizes(self, subset: str) -> dict[str, int | None]:  # type: ignore[override]
