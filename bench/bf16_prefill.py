@@ -28,17 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _setup import ROOT, bench_settings, write_result  # noqa: E402
-
-
-def cpu_flags() -> list[str]:
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
-    return [f for f in wanted if f in flags]
+from _setup import ROOT, bench_settings, cpu_flags, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -81,7 +71,7 @@ def main() -> None:
     median = {d: statistics.median(s) for d, s in seconds.items()}
     tokens = args.rows * args.tokens
     summary = {
-        "cpu_flags": cpu_flags(),
+        "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags()],
         "threads": args.threads,
         "prefill_tokens": tokens,
         "prefill_tok_per_s": {d: round(tokens / s, 1) for d, s in median.items()},

@@ -29,6 +29,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _setup import cpu_flags  # noqa: E402
 
 from ratchet.server.launcher import free_port  # noqa: E402
 from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf  # noqa: E402
@@ -38,20 +41,9 @@ WORK = ROOT / ".ratchet" / "bench" / f"llama-cpp-python-{VERSION}"
 SERVER_BIN = WORK / "build" / "bin" / "llama-server"
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def cmake_flags() -> list[str]:
     """Portable flags plus the AVX-512 extensions this CPU has (never AMX)."""
-    have = _cpu_flags()
+    have = cpu_flags()
     on = {
         "GGML_NATIVE": False,
         "GGML_AVX": "avx" in have,
