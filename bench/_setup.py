@@ -35,15 +35,3 @@ def write_result(name: str, summary: dict[str, Any], kept: dict[str, Any] | None
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({**(kept or {}), **summary}, indent=2))
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _setup import ROOT, bench_settings, cpu_flags, write_result  # noqa: E402
+from _setup import ROOT, bench_settings, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -43,6 +43,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ratchet.server.precision import cpu_flags
     from ratchet.server.weights import ensure_hf_copy
 
     torch.set_num_threads(args.threads)

@@ -229,7 +229,8 @@ def main(**defaults: Any) -> None:
     print(f"data: {data}", flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.perf_counter()
-    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
+    dtype = dict(kv.split("=", 1) for kv in args.set).get("model.dtype", "auto")
+    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs", dtype=dtype) as url:
         from ratchet.flows.evolve import check_settings, evolve_flow
 
         for target in args.targets:

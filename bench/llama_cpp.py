@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _setup import cpu_flags  # noqa: E402
 
 from ratchet.server.launcher import free_port  # noqa: E402
+from ratchet.server.precision import cpu_flags  # noqa: E402
 from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf  # noqa: E402
 
 VERSION = "0.3.36"  # llama-cpp-python; its vendor/llama.cpp is what we build

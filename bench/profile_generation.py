@@ -144,7 +144,7 @@ def main() -> None:
     stages: list[dict[str, Any]] = []
     run_stage = evolve.run_stage
 
-    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
+    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs", dtype=settings.model.dtype) as url:
 
         def profiled(settings: Any, name: str, generation: int, url: str) -> Any:
             before, client, started = server_stats(url), clocks.snapshot(), time.perf_counter()

@@ -207,7 +207,11 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
             "set model.endpoint to a server for that model, or leave model.name at its default",
         )
     with EmbeddedServer(
-        settings.models_dir, settings.logs_dir, port=settings.model.port, max_batch=settings.model.max_batch
+        settings.models_dir,
+        settings.logs_dir,
+        port=settings.model.port,
+        max_batch=settings.model.max_batch,
+        dtype=settings.model.dtype,
     ) as url:
         yield url
 

@@ -17,6 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=int(os.environ.get("RATCHET_SERVER_THREADS", "2")))
     p.add_argument("--prefix-cache-tokens", type=int, default=32_768, help="0 disables prefix caching")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="the model's number format; auto: bfloat16 where the CPU has native bf16 units",
+    )
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)
     if args.parent_pid:
@@ -35,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ratchet.server.app import create_app
     from ratchet.server.engine import Engine
+    from ratchet.server.precision import resolve
     from ratchet.server.weights import BASE_MODEL_NAME, ensure_hf_copy
 
     torch.set_num_threads(args.threads)
@@ -43,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_hf_copy(args.models_dir),
         max_batch=args.max_batch,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        dtype=resolve(args.dtype),
     )
     app = create_app(engine, BASE_MODEL_NAME)
     try:

@@ -71,7 +71,13 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "adapters": sorted(engine.adapters), **engine.stats}
+        return {
+            "status": "ok",
+            "model": model_name,
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "adapters": sorted(engine.adapters),
+            **engine.stats,
+        }
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:

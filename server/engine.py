@@ -96,8 +96,10 @@ class Engine:
         compact_share: float = 0.5,
         forced_end: bool = True,
         attn_implementation: str = attention.NAME,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.dtype = dtype  # bf16 where the CPU multiplies it natively (`server.precision`)
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.group_prefill = group_prefill  # False: one padded forward for all (bench/prefill_groups.py)
@@ -149,7 +151,7 @@ class Engine:
 
     def _load_base(self) -> Any:
         return AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch.float32, attn_implementation=self.attn_implementation
+            self.model_dir, dtype=self.dtype, attn_implementation=self.attn_implementation
         )
 
     # ----------------------------------------------------------------------------- public

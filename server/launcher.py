@@ -145,9 +145,16 @@ class EmbeddedServer:
     """Context manager: `with EmbeddedServer(models_dir, logs_dir) as base_url: ...`."""
 
     def __init__(
-        self, models_dir: Path, logs_dir: Path, port: int = 0, max_batch: int = 8, host: str = "127.0.0.1"
+        self,
+        models_dir: Path,
+        logs_dir: Path,
+        port: int = 0,
+        max_batch: int = 8,
+        host: str = "127.0.0.1",
+        dtype: str = "auto",
     ) -> None:
         self.models_dir = models_dir
+        self.dtype = dtype
         self.logs_dir = logs_dir
         self.host = host
         self.port = port
@@ -193,6 +200,8 @@ class EmbeddedServer:
                     str(self.models_dir),
                     "--max-batch",
                     str(self.max_batch),
+                    "--dtype",
+                    self.dtype,
                     "--parent-pid",
                     str(os.getpid()),
                 ],

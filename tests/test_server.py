@@ -163,6 +163,9 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
     cfg = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    # the server's number format (`model.dtype` auto: bf16 on CPUs with bf16 units): the
+    # in-process reference runs in the same one
+    served_dtype = getattr(torch, httpx.get(f"{embedded_server.removesuffix('/v1')}/health").json()["dtype"])
     adapter_dir = tmp_path / "adapter"
     get_peft_model(base, cfg).save_pretrained(adapter_dir)
 
@@ -183,7 +186,7 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
         assert text != base_text  # the adapter changes what the model says
 
         tok = AutoTokenizer.from_pretrained(base_model_dir)
-        fresh = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+        fresh = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=served_dtype)
         model = PeftModel.from_pretrained(fresh, adapter_dir).eval()
         prompt = tok.apply_chat_template(
             USER, add_generation_prompt=True, return_tensors="pt", return_dict=True

@@ -1,0 +1,64 @@
+"""The embedded model's number format: bf16 where the CPU multiplies it natively, fp32 elsewhere.
+
+Prefill is most of a generation's wall time, and it is matrix products. CPUs with
+AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake) or AMX-BF16 (Intel Sapphire Rapids and
+later) run bf16 products with fp32 accumulation at two to three times fp32's rate; without
+them torch emulates bf16 and it is slower than fp32. So `auto` picks bf16 only where those
+units exist (bench/bf16_prefill.py measures the speed; bench/bf16_heldout.py checks, paired on
+held-out tasks, that success does not drop).
+
+What changes with the format: greedy choices, at a few percent of positions (bf16 rounds
+each layer's output to 8 mantissa bits). Both arms of a gate run on one server, so the gate
+compares like with like; a run's policy versions all play at one precision, recorded in the
+server's `/health` and the generation's MLflow params. Logits are read in fp32 for sampling
+either way. LoRA training stays in fp32 (`training/lora.py`); peft keeps an fp32 adapter's
+weights in fp32 when it is served on a bf16 base.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+Precision = Literal["auto", "float32", "bfloat16"]
+
+# /proc/cpuinfo flags of native bf16 matrix arithmetic
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def native_bf16(flags: set[str] | None = None) -> bool:
+    """True where bf16 products run in hardware (faster than fp32), not emulated (slower)."""
+    have = cpu_flags() if flags is None else flags
+    return any(f in have for f in BF16_FLAGS)
+
+
+def dtype_name(precision: Precision, flags: set[str] | None = None) -> str:
+    """The format a configured precision means on this CPU: "bfloat16" or "float32" (the
+    name `/health` reports; torch is not imported for it)."""
+    if precision == "auto":
+        return "bfloat16" if native_bf16(flags) else "float32"
+    if precision in ("bfloat16", "float32"):
+        return precision
+    raise ValueError(f"unknown precision {precision!r}: use auto, float32 or bfloat16")
+
+
+def resolve(precision: Precision, flags: set[str] | None = None) -> torch.dtype:
+    """The dtype the engine loads the model in for a configured precision."""
+    import torch
+
+    return getattr(torch, dtype_name(precision, flags))
