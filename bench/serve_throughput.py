@@ -117,6 +117,13 @@ def raw_tps(model: object, tok: object, batch: int, tokens: int) -> float:
     return generated / (time.perf_counter() - started)
 
 
+METRICS = ("decode_c1", "decode_c4", "decode_c8", "prefill_c1", "prefill_c8")
+
+
+def server_dtype(url: str) -> str:
+    return httpx.get(url.removesuffix("/v1") + "/health", timeout=30).json()["dtype"]
+
+
 def _ratio(med: dict[str, float], a: str, b: str) -> float | None:
     return round(med[a] / med[b], 2) if a in med and b in med else None
 
@@ -130,6 +137,13 @@ def main() -> None:
         "--anchor", action="store_true", help="also measure llama.cpp's server (built on first use)"
     )
     p.add_argument("--no-raw", action="store_true", help="skip raw generate in this process")
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "float32", "bfloat16"],
+        help="one embedded server per number format (`model.dtype`), side by side",
+    )
     p.add_argument("--models-dir", type=Path, default=ROOT / ".ratchet" / "models")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve_throughput.json")
     args = p.parse_args()
@@ -151,11 +165,17 @@ def main() -> None:
 
     with contextlib.ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        servers = {"ratchet": stack.enter_context(EmbeddedServer(args.models_dir, logs))}
+        servers = {
+            ("ratchet" if args.dtypes == ["auto"] else f"ratchet_{dtype}"): stack.enter_context(
+                EmbeddedServer(args.models_dir, logs / dtype, dtype=dtype)
+            )
+            for dtype in args.dtypes
+        }
         if args.anchor:
             from bench.llama_cpp import llama_server
 
             servers["llamacpp"] = stack.enter_context(llama_server(log=logs / "llama-server.log"))
+        dtypes = {name: server_dtype(url) for name, url in servers.items() if name.startswith("ratchet")}
         for url in servers.values():  # warm up every path
             decode_tps(url, 2, 8)
             prefill_tps(url, 2, 50)
@@ -182,12 +202,20 @@ def main() -> None:
         "ratchet_decode_c4_over_c1": _ratio(med, "ratchet_decode_c4", "ratchet_decode_c1"),
         "ratchet_decode_c8_over_raw_b8": _ratio(med, "ratchet_decode_c8", "raw_decode_b8"),
         "ratchet_decode_c1_over_raw_b1": _ratio(med, "ratchet_decode_c1", "raw_decode_b1"),
-        "ratchet_over_llamacpp": {
-            k.removeprefix("ratchet_"): _ratio(med, k, k.replace("ratchet_", "llamacpp_"))
-            for k in med
-            if k.startswith("ratchet_") and k.replace("ratchet_", "llamacpp_") in med
+        "dtypes": dtypes,
+        **{
+            f"{name}_over_llamacpp": {
+                m: _ratio(med, f"{name}_{m}", f"llamacpp_{m}") for m in METRICS if f"llamacpp_{m}" in med
+            }
+            for name in servers
+            if name.startswith("ratchet") and "llamacpp" in servers
         },
     }
+    if len(args.dtypes) > 1:
+        first, *others = (n for n in servers if n.startswith("ratchet"))
+        summary["over_" + first] = {
+            n: {m: _ratio(med, f"{n}_{m}", f"{first}_{m}") for m in METRICS} for n in others
+        }
     print(json.dumps(summary, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
