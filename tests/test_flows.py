@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -100,6 +101,9 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
     assert run.data.metrics["test_success"] == float(result.stages["evaluate"].report.success_rate)
     assert run.data.params["policy_version"] == result.stages["explore"].policy_version
     assert run.data.params["suite"] == suite and run.data.params["experts_used"] == "True"
+    # the number format the embedded server says it runs in (bf16 on CPUs with bf16 units)
+    served = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()["dtype"]
+    assert run.data.params["model_dtype"] == served
     # diagnose: one diagnosis per failed train rollout; distill: its summary, candidates with provenance
     failed = {t.id for t in train if not t.success}
     assert {d.trajectory_id for d in store.diagnoses("default", 0)} == failed

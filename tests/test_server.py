@@ -86,6 +86,18 @@ def test_health_and_models(embedded_server):
 
 
 @pytest.mark.integration
+def test_the_launcher_starts_the_configured_number_format(embedded_server, base_model_dir, tmp_path):
+    """`model.dtype` reaches the server process: a second server in the format the session's
+    `auto` server does not use says so in `/health`, and answers."""
+    auto = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()["dtype"]
+    other = "float32" if auto == "bfloat16" else "bfloat16"
+    with EmbeddedServer(base_model_dir.parent, tmp_path, dtype=other) as url:
+        assert httpx.get(url.removesuffix("/v1") + "/health").json()["dtype"] == other
+        reply = chat(url, temperature=0, max_tokens=4)["choices"][0]["message"]["content"]
+        assert reply.strip()
+
+
+@pytest.mark.integration
 def test_required_tool_choice_always_gives_a_valid_action(embedded_server):
     for seed in range(4):
         body = chat(
