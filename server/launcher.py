@@ -15,6 +15,7 @@ from types import TracebackType
 import httpx
 
 from ratchet.errors import EndpointError, PortInUseError
+from ratchet.server.precision import Precision
 
 READY_TIMEOUT_S = 300.0  # first start converts the GGUF (~20 s quiet, more on a loaded box)
 
@@ -151,7 +152,7 @@ class EmbeddedServer:
         port: int = 0,
         max_batch: int = 8,
         host: str = "127.0.0.1",
-        dtype: str = "auto",
+        dtype: Precision = "auto",
     ) -> None:
         self.models_dir = models_dir
         self.dtype = dtype

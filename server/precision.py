@@ -10,9 +10,11 @@ held-out tasks, that success does not drop).
 What changes with the format: greedy choices, at a few percent of positions (bf16 rounds
 each layer's output to 8 mantissa bits). Both arms of a gate run on one server, so the gate
 compares like with like; a run's policy versions all play at one precision, recorded in the
-server's `/health` and the generation's MLflow params. Logits are read in fp32 for sampling
-either way. LoRA training stays in fp32 (`training/lora.py`); peft keeps an fp32 adapter's
-weights in fp32 when it is served on a bf16 base.
+server's `/health` and the generation's MLflow params (`model_dtype`). It is not part of a
+policy's version: the version says what the policy is made of (model, adapter, skills), and
+the format is how this machine serves it, like its thread count or its CPU's fp32 rounding.
+Logits are read in fp32 for sampling either way. LoRA training stays in fp32
+(`training/lora.py`); peft keeps an fp32 adapter's weights in fp32 on a bf16 base.
 """
 
 from __future__ import annotations
