@@ -19,8 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix-cache-tokens", type=int, default=32_768, help="0 disables prefix caching")
     p.add_argument(
         "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
+        choices=["float32", "auto", "bfloat16"],
+        default="float32",
         help="the model's number format; auto: bfloat16 where the CPU has native bf16 units",
     )
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")

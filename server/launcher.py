@@ -152,7 +152,7 @@ class EmbeddedServer:
         port: int = 0,
         max_batch: int = 8,
         host: str = "127.0.0.1",
-        dtype: Precision = "auto",
+        dtype: Precision = "float32",
     ) -> None:
         self.models_dir = models_dir
         self.dtype = dtype

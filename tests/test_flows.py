@@ -101,7 +101,7 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
     assert run.data.metrics["test_success"] == float(result.stages["evaluate"].report.success_rate)
     assert run.data.params["policy_version"] == result.stages["explore"].policy_version
     assert run.data.params["suite"] == suite and run.data.params["experts_used"] == "True"
-    # the number format the embedded server says it runs in (bf16 on CPUs with bf16 units)
+    # the number format the embedded server says it runs in (`model.dtype`)
     served = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()["dtype"]
     assert run.data.params["model_dtype"] == served
     # diagnose: one diagnosis per failed train rollout; distill: its summary, candidates with provenance

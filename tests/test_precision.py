@@ -47,7 +47,7 @@ def test_the_setting_is_validated_in_one_line():
     from ratchet.config import load_settings
     from ratchet.errors import ConfigError
 
-    assert load_settings({}).model.dtype == "auto"
+    assert load_settings({}).model.dtype == "float32"  # bf16 is opt-in: README default's gate (config.py)
     assert load_settings({"model.dtype": "bfloat16"}).model.dtype == "bfloat16"
     with pytest.raises(ConfigError, match=r"model\.dtype") as info:
         load_settings({"model.dtype": "int4"})

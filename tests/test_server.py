@@ -88,9 +88,9 @@ def test_health_and_models(embedded_server):
 @pytest.mark.integration
 def test_the_launcher_starts_the_configured_number_format(embedded_server, base_model_dir, tmp_path):
     """`model.dtype` reaches the server process: a second server in the format the session's
-    `auto` server does not use says so in `/health`, and answers."""
-    auto = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()["dtype"]
-    other = "float32" if auto == "bfloat16" else "bfloat16"
+    server does not use says so in `/health`, and answers."""
+    session = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()["dtype"]
+    other = "float32" if session == "bfloat16" else "bfloat16"
     with EmbeddedServer(base_model_dir.parent, tmp_path, dtype=other) as url:
         assert httpx.get(url.removesuffix("/v1") + "/health").json()["dtype"] == other
         reply = chat(url, temperature=0, max_tokens=4)["choices"][0]["message"]["content"]
@@ -175,8 +175,7 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
     cfg = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    # the server's number format (`model.dtype` auto: bf16 on CPUs with bf16 units): the
-    # in-process reference runs in the same one
+    # the server's number format (`model.dtype`): the in-process reference runs in the same one
     served_dtype = getattr(torch, httpx.get(f"{embedded_server.removesuffix('/v1')}/health").json()["dtype"])
     adapter_dir = tmp_path / "adapter"
     get_peft_model(base, cfg).save_pretrained(adapter_dir)
