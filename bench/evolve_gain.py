@@ -229,7 +229,7 @@ def main(**defaults: Any) -> None:
     print(f"data: {data}", flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.perf_counter()
-    dtype = dict(kv.split("=", 1) for kv in args.set).get("model.dtype", "auto")
+    dtype = target_settings(args.targets[0], data, args).model.dtype  # the server plays what settings say
     with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs", dtype=dtype) as url:
         from ratchet.flows.evolve import check_settings, evolve_flow
 
