@@ -67,6 +67,7 @@ def evaluate_arms(
     def one_family() -> dict[str, Any]:
         rows: list[dict[str, Any]] = []
         generation = 10
+        first = next(iter(arms))  # every other arm is compared with it
         for name in policies:
             by_task: dict[str, dict[str, float]] = {}
             for arm_name, arm in arms.items():
@@ -88,7 +89,6 @@ def evaluate_arms(
                     "wall_s": round(wall, 1),
                     **{k: round(after.get(k, 0) - before.get(k, 0), 2) for k in COUNTERS},
                 }
-                first = next(iter(arms))
                 if arm_name != first:
                     row |= paired(by_task[first], by_task[arm_name])
                     row["loss_p_value"] = paired(by_task[arm_name], by_task[first])["p_value"]

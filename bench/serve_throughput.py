@@ -140,8 +140,8 @@ def main() -> None:
     p.add_argument(
         "--dtypes",
         nargs="+",
-        default=["auto"],
-        choices=["auto", "float32", "bfloat16"],
+        default=["float32"],
+        choices=["float32", "auto", "bfloat16"],
         help="one embedded server per number format (`model.dtype`), side by side",
     )
     p.add_argument("--models-dir", type=Path, default=ROOT / ".ratchet" / "models")
@@ -166,7 +166,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         servers = {
-            ("ratchet" if args.dtypes == ["auto"] else f"ratchet_{dtype}"): stack.enter_context(
+            ("ratchet" if len(args.dtypes) == 1 else f"ratchet_{dtype}"): stack.enter_context(
                 EmbeddedServer(args.models_dir, logs / dtype, dtype=dtype)
             )
             for dtype in args.dtypes
