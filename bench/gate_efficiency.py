@@ -1,10 +1,14 @@
-"""Verify gate: the sequential (always-valid) gate against the fixed-n exact McNemar gate, on
-simulated candidates whose true effect is known — rollouts used, agreement of decisions, and
+"""Verify gate: the sequential (group-sequential) gate against the fixed-n exact McNemar gate,
+on simulated candidates whose true effect is known — rollouts used, agreement of decisions, and
 the false-promotion rate of candidates that do not help.
 
     .venv/bin/python bench/gate_efficiency.py [--sims 10000] [--seed 0] [--baseline 0.5]
+        [--max-tasks 64] [--futility 0.05 0.1] [--name gate_efficiency]
 
-Each simulated candidate gets `max_tasks` dev tasks. Per task the baseline succeeds with
+Several `--futility` levels run side by side on the same simulated outcome sequences, so their
+power and rollouts compare paired. `--max-tasks` is the gate's budget, which the dev split caps
+(the README default plays 32 dev tasks, the headline 32). Each simulated candidate gets
+`max_tasks` dev tasks. Per task the baseline succeeds with
 probability `--baseline`; the candidate then repairs a baseline failure with probability `fix`
 and breaks a baseline success with probability `break`. Both gates see the same outcome
 sequence (the sequential one only the prefix it asks for), so their decisions are paired.
@@ -40,10 +44,10 @@ EFFECTS: dict[str, tuple[float, float]] = {
     "slightly helpful": (0.20, 0.04),
     "helps but breaks (cap)": (0.45, 0.25),
     "A/A, identical arms": (0.0, 0.0),
-    "A/A, noisy (30% discordant)": (0.30, 0.30),
+    "A/A, noisy (up to 30% discordant)": (0.30, 0.30),
     "harmful": (0.05, 0.15),
 }
-NULLS = ("A/A, identical arms", "A/A, noisy (30% discordant)")
+NULLS = ("A/A, identical arms", "A/A, noisy (up to 30% discordant)")
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:
@@ -78,105 +82,130 @@ def main() -> None:
     p.add_argument("--look-every", type=int, default=8)
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--max-regressions", type=float, default=0.1)
-    p.add_argument("--futility", type=float, default=GateSettings.futility)
-    p.add_argument("--spending-rho", type=float, default=GateSettings.spending_rho)
+    p.add_argument(
+        "--futility",
+        type=float,
+        nargs="+",
+        default=[GateSettings.model_fields["futility"].default],
+        help="predictive-futility levels, run side by side on the same outcomes (0 = off)",
+    )
+    p.add_argument("--spending-rho", type=float, default=GateSettings.model_fields["spending_rho"].default)
+    p.add_argument("--name", default="gate_efficiency", help="result file: bench/results/NAME.json")
     args = p.parse_args()
 
-    cfg = GateSettings(
-        alpha=args.alpha,
-        max_tasks=args.max_tasks,
-        look_every=args.look_every,
-        max_regressions=args.max_regressions,
-        futility=args.futility,
-        spending_rho=args.spending_rho,
-    )
+    cfgs = [
+        GateSettings(
+            alpha=args.alpha,
+            max_tasks=args.max_tasks,
+            look_every=args.look_every,
+            max_regressions=args.max_regressions,
+            futility=f,
+            spending_rho=args.spending_rho,
+        )
+        for f in args.futility
+    ]
+    cfg = cfgs[0]
     rng = np.random.default_rng(args.seed)
     s = args.baseline
     started = time.perf_counter()
     rows = []
     for name, (fix, brk) in EFFECTS.items():
-        if name == "A/A, noisy (30% discordant)":  # repairs and regressions each 15% of tasks
-            fix, brk = 0.15 / (1 - s), 0.15 / s
-        seq_acc = fix_acc = agree = peek_acc = 0
-        seq_tasks = 0
-        reasons: dict[str, int] = {}
+        if name == "A/A, noisy (up to 30% discordant)":  # repairs and regressions each 15% of tasks
+            d = min(0.15, s, 1 - s)  # (fewer where the baseline leaves less room, still equal)
+            fix, brk = d / (1 - s), d / s
+        fix_acc = peek_acc = 0
+        seq_acc, agree, seq_tasks = [0] * len(cfgs), [0] * len(cfgs), [0] * len(cfgs)
+        reasons: list[dict[str, int]] = [{} for _ in cfgs]
         for _ in range(args.sims):
             outs = simulate(rng, cfg.max_tasks, s, fix, brk)
-            d_seq, d_fix = sequential_gate(outs, cfg), fixed_n_gate(outs, cfg)
-            assert d_seq.decision != "continue" and d_fix.decision != "continue"
-            seq_acc += d_seq.decision == "accept"
+            d_fix = fixed_n_gate(outs, cfg)
             fix_acc += d_fix.decision == "accept"
-            agree += d_seq.decision == d_fix.decision
-            seq_tasks += d_seq.tasks
             peek_acc += naive_peeking(outs, cfg)
-            if d_seq.decision != d_fix.decision:
-                key = f"seq {d_seq.reason.split(':')[0]} / fixed {d_fix.reason.split(':')[0]}"
-                reasons[key] = reasons.get(key, 0) + 1
+            for i, c in enumerate(cfgs):
+                d_seq = sequential_gate(outs, c)
+                assert d_seq.decision != "continue" and d_fix.decision != "continue"
+                seq_acc[i] += d_seq.decision == "accept"
+                agree[i] += d_seq.decision == d_fix.decision
+                seq_tasks[i] += d_seq.tasks
+                if d_seq.decision != d_fix.decision:
+                    key = f"seq {d_seq.reason.split(':')[0]} / fixed {d_fix.reason.split(':')[0]}"
+                    reasons[i][key] = reasons[i].get(key, 0) + 1
         n = args.sims
-        mean_tasks = seq_tasks / n
-        rows.append(
-            {
-                "effect": name,
-                "fix": round(fix, 3),
-                "break": round(brk, 3),
-                "p_repair": round((1 - s) * fix, 3),
-                "p_regression": round(s * brk, 3),
-                "sims": n,
-                "accept_fixed": fix_acc / n,
-                "accept_fixed_ci95": clopper_pearson(fix_acc, n),
-                "accept_sequential": seq_acc / n,
-                "accept_sequential_ci95": clopper_pearson(seq_acc, n),
-                "accept_naive_peeking": peek_acc / n,
-                "agreement": agree / n,
-                "disagreements": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
-                "mean_tasks_sequential": mean_tasks,
-                "rollouts_fixed": 2 * cfg.max_tasks,
-                "rollouts_sequential": 2 * mean_tasks,
-                "candidate_rollouts_fixed": cfg.max_tasks,
-                "candidate_rollouts_sequential": mean_tasks,
-                "rollout_ratio": mean_tasks / cfg.max_tasks,
-            }
-        )
+        for i, c in enumerate(cfgs):
+            mean_tasks = seq_tasks[i] / n
+            rows.append(
+                {
+                    "effect": name,
+                    "futility": c.futility,
+                    "fix": round(fix, 3),
+                    "break": round(brk, 3),
+                    "p_repair": round((1 - s) * fix, 3),
+                    "p_regression": round(s * brk, 3),
+                    "sims": n,
+                    "accept_fixed": fix_acc / n,
+                    "accept_fixed_ci95": clopper_pearson(fix_acc, n),
+                    "accept_sequential": seq_acc[i] / n,
+                    "accept_sequential_ci95": clopper_pearson(seq_acc[i], n),
+                    "accept_naive_peeking": peek_acc / n,
+                    "agreement": agree[i] / n,
+                    "disagreements": dict(sorted(reasons[i].items(), key=lambda kv: -kv[1])),
+                    "mean_tasks_sequential": mean_tasks,
+                    "rollouts_fixed": 2 * cfg.max_tasks,
+                    "rollouts_sequential": 2 * mean_tasks,
+                    "candidate_rollouts_fixed": cfg.max_tasks,
+                    "candidate_rollouts_sequential": mean_tasks,
+                    "rollout_ratio": mean_tasks / cfg.max_tasks,
+                }
+            )
     seconds = time.perf_counter() - started
 
     print(
         f"\nalpha {cfg.alpha}, {cfg.max_tasks} tasks, look every {cfg.look_every}, cap "
-        f"{cfg.max_regressions:.0%}, futility {cfg.futility}, baseline success {s}, {args.sims} sims/effect\n"
+        f"{cfg.max_regressions:.0%}, futility {args.futility}, baseline success {s}, "
+        f"{args.sims} sims/effect\n"
     )
     print(
-        "| effect | P(repair) / P(regr.) per task | accept: fixed-n | sequential (95% CI) | naive peeking "
-        "| agreement | rollouts seq / fixed (cand. arm) | ratio |\n|---|---|---|---|---|---|---|---|"
+        "| effect | P(repair) / P(regr.) per task | futility | accept: fixed-n | sequential (95% CI) "
+        "| naive peeking | agreement | rollouts seq / fixed (cand. arm) | ratio |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
         lo, hi = r["accept_sequential_ci95"]
         print(
-            f"| {r['effect']} | {r['p_repair']:.3f} / {r['p_regression']:.3f} | {r['accept_fixed']:.1%} "
+            f"| {r['effect']} | {r['p_repair']:.3f} / {r['p_regression']:.3f} | {r['futility']} "
+            f"| {r['accept_fixed']:.1%} "
             f"| {r['accept_sequential']:.1%} ({lo:.2%}–{hi:.2%}) | {r['accept_naive_peeking']:.1%} "
             f"| {r['agreement']:.1%} | {r['rollouts_sequential']:.1f} / {r['rollouts_fixed']} "
             f"({r['candidate_rollouts_sequential']:.1f} / {r['candidate_rollouts_fixed']}) "
             f"| {r['rollout_ratio']:.2f} |"
         )
-    overall_agree = float(np.mean([r["agreement"] for r in rows]))
-    overall_ratio = float(np.mean([r["rollout_ratio"] for r in rows]))
-    print(
-        f"\noverall (effects weighted equally): agreement {overall_agree:.1%}, "
-        f"rollout ratio {overall_ratio:.2f}; {seconds:.1f} s"
-    )
-    for r in rows:
-        if r["disagreements"]:
-            top = "; ".join(f"{k}: {v}" for k, v in list(r["disagreements"].items())[:3])
-            print(f"  {r['effect']} disagreements — {top}")
+    overall = {}
+    for c in cfgs:
+        mine = [r for r in rows if r["futility"] == c.futility]
+        overall[str(c.futility)] = {
+            "agreement": float(np.mean([r["agreement"] for r in mine])),
+            "rollout_ratio": float(np.mean([r["rollout_ratio"] for r in mine])),
+        }
+        print(
+            f"\nfutility {c.futility}, overall (effects weighted equally): agreement "
+            f"{overall[str(c.futility)]['agreement']:.1%}, rollout ratio "
+            f"{overall[str(c.futility)]['rollout_ratio']:.2f}"
+        )
+        for r in mine:
+            if r["disagreements"]:
+                top = "; ".join(f"{k}: {v}" for k, v in list(r["disagreements"].items())[:3])
+                print(f"  {r['effect']} disagreements — {top}")
+    print(f"{seconds:.1f} s")
 
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gate_efficiency.json").write_text(
+    (out / f"{args.name}.json").write_text(
         json.dumps(
             {
-                "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+                "config": cfg.model_dump(exclude={"futility"}) | {"futility": args.futility},
                 "baseline_success": s,
                 "seed": args.seed,
-                "overall_agreement": overall_agree,
-                "overall_rollout_ratio": overall_ratio,
+                "overall": overall,
                 "seconds": seconds,
                 "rows": rows,
             },

@@ -24,7 +24,6 @@ from ratchet.flows import agent_versions, traces, tracking
 from ratchet.flows.progress import report
 from ratchet.flows.runtime import LoopRuntime, RuntimeRef
 from ratchet.hashing import content_hash
-from ratchet.server.precision import dtype_name
 from ratchet.stats import wilson_interval
 from ratchet.types import Policy, Split, Trajectory
 
@@ -273,8 +272,8 @@ def _log_split(
             "policy_version": result.policy_version,
             "model": s.model.name,
             "endpoint": s.model.endpoint or "embedded",
-            # the number format the embedded server runs in on this machine (`server.precision`)
-            "model_dtype": "endpoint's own" if s.model.endpoint else dtype_name(s.model.dtype),
+            # the number format the server says it runs in (`/health`; `server.precision`)
+            "model_dtype": rt.model_dtype or "endpoint's own",
             "suite": s.suite,
             "experts_used": s.explore.experts,
             f"{result.stage}_tasks": len({sl.task.id for sl in slots}),

@@ -33,6 +33,7 @@ from ratchet.server.launcher import (
     check_port_free,
     ensure_adapter,
     probe_tool_calls,
+    served_dtype,
 )
 from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf
 from ratchet.skills.format import Skill
@@ -57,6 +58,7 @@ class LoopRuntime:
     toolbox: Toolbox | None = None
     retriever: SkillRetriever | None = None
     adapter: AdapterVersion | None = None  # the champion adapter, loaded on the endpoint
+    model_dtype: str | None = None  # the format the server says it runs in; None: it does not say
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
@@ -312,6 +314,7 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                 rt.retriever = live_retriever(settings)
                 rt.use_tools(rt.library.list(status="promoted", kind="tool"))
                 rt.adapter = load_champion_adapter(settings, url)
+                rt.model_dtype = served_dtype(url)  # the server's word, not the settings' (a caller's URL)
                 yield rt
             finally:
                 store.close()

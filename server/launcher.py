@@ -61,6 +61,18 @@ def check_endpoint(base_url: str, api_key: str = "x", timeout: float = 10.0) -> 
         ) from None
 
 
+def served_dtype(base_url: str, timeout: float = 10.0) -> str | None:
+    """The number format a ratchet server says it computes in (`/health`'s `dtype`), or None
+    for a server that does not say (any other OpenAI-compatible endpoint)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        r = httpx.get(f"{root}/health", timeout=timeout)
+        dtype = r.json().get("dtype") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return dtype if isinstance(dtype, str) else None
+
+
 _PING_TOOL = {
     "type": "function",
     "function": {

@@ -79,6 +79,19 @@ def test_harmful_trend_is_rejected_for_futility_before_the_budget() -> None:
     assert d.decision == "reject" and d.tasks < 64 and d.reason.startswith("futile")
 
 
+def test_on_a_32_task_split_a_candidate_that_changes_nothing_stops_at_the_first_look() -> None:
+    """The default budget (32 dev tasks): most distilled candidates change no outcome, and each
+    must cost one look, not two; a first repair, or a first repair after a regression, goes on."""
+    cfg = GateSettings(max_tasks=32)
+    for nothing in ("0" * 8, "=" * 2 + "0" * 6, "+-" + "0" * 6):
+        d = sequential_gate(_outs(nothing), cfg)
+        assert (d.decision, d.tasks) == ("reject", 8) and d.reason.startswith("futile"), nothing
+    assert sequential_gate(_outs("+" + "0" * 7), cfg).decision == "continue"
+    # coin's no-repeat rule on the README's dev tasks: 5 repairs in the first 16, then more
+    outs = _outs("0+00+000" + "0+00+0+0" + "00+00+00")
+    assert [d.decision for d in _look_by_look(outs + _outs("0" * 8), cfg)] == ["continue"] * 2 + ["accept"]
+
+
 def test_cap_blocks_a_significant_gain_until_regressions_are_within_it() -> None:
     cfg = GateSettings()
     outs = _outs("+" * 7 + "-" + "+" * 7 + "-" + "=" * 8)

@@ -102,3 +102,43 @@ def test_a_bf16_engine_serves_constrained_replies_and_lora_adapters(base_model_d
         assert tuned.text != free.text  # the adapter acts on the bf16 base
     finally:
         engine.close()
+
+
+def test_the_loop_logs_the_format_the_server_runs_not_the_one_the_settings_name(embedded_server, tmp_path):
+    """A caller may hand the loop a server it started in another format (bench/bf16_heldout.py
+    does): the generation's `model_dtype` must be the server's word, not the settings'."""
+    from ratchet.config import load_settings
+    from ratchet.flows.runtime import open_runtime
+
+    s = load_settings({"data_dir": tmp_path, "suite": "reasoning-gym:chain_sum", "model.dtype": "bfloat16"})
+    with open_runtime(s, base_url=embedded_server) as rt:
+        assert rt.model_dtype == "float32"  # the session server runs the default format
+
+
+def test_a_server_that_does_not_say_its_format_is_reported_as_unknown():
+    """llama.cpp's server answers /health with no dtype; a closed port answers nothing."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from ratchet.server.launcher import free_port, served_dtype
+
+    class Foreign(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = {"/health": b'{"status": "ok"}', "/odd/health": b"[1, 2]"}.get(self.path, b"not json")
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Foreign)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert served_dtype(f"http://127.0.0.1:{port}/v1") is None
+        assert served_dtype(f"http://127.0.0.1:{port}/odd/v1") is None  # JSON, but not an object
+        assert served_dtype(f"http://127.0.0.1:{port}/junk/v1") is None  # not JSON
+    finally:
+        server.shutdown()
+    assert served_dtype(f"http://127.0.0.1:{free_port()}/v1", timeout=2) is None
