@@ -37,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ratchet.server.launcher import EmbeddedServer  # noqa: E402
+from ratchet.server.launcher import EmbeddedServer, served_dtype  # noqa: E402
 from ratchet.server.weights import BASE_MODEL_NAME, ensure_hf_copy  # noqa: E402
 
 PROMPTS = [f"Write a long story about robot number {i} who learns to cook." for i in range(8)]
@@ -120,10 +120,6 @@ def raw_tps(model: object, tok: object, batch: int, tokens: int) -> float:
 METRICS = ("decode_c1", "decode_c4", "decode_c8", "prefill_c1", "prefill_c8")
 
 
-def server_dtype(url: str) -> str:
-    return httpx.get(url.removesuffix("/v1") + "/health", timeout=30).json()["dtype"]
-
-
 def _ratio(med: dict[str, float], a: str, b: str) -> float | None:
     return round(med[a] / med[b], 2) if a in med and b in med else None
 
@@ -140,7 +136,7 @@ def main() -> None:
     p.add_argument(
         "--dtypes",
         nargs="+",
-        default=["float32"],
+        default=["auto"],
         choices=["float32", "auto", "bfloat16"],
         help="one embedded server per number format (`model.dtype`), side by side",
     )
@@ -175,7 +171,7 @@ def main() -> None:
             from bench.llama_cpp import llama_server
 
             servers["llamacpp"] = stack.enter_context(llama_server(log=logs / "llama-server.log"))
-        dtypes = {name: server_dtype(url) for name, url in servers.items() if name.startswith("ratchet")}
+        dtypes = {name: served_dtype(url) for name, url in servers.items() if name.startswith("ratchet")}
         for url in servers.values():  # warm up every path
             decode_tps(url, 2, 8)
             prefill_tps(url, 2, 50)

@@ -49,10 +49,10 @@ class ModelSettings(Section):
     port: int = Field(default=0, ge=0, le=65535, description="embedded server port (0 = any free)")
     max_batch: int = Field(default=8, ge=1, description="embedded server: max sequences per batch")
     dtype: Literal["float32", "auto", "bfloat16"] = Field(
-        default="float32",
+        default="auto",
         description="embedded server: the model's number format; 'auto' is bfloat16 on CPUs with native bf16 "
         "units (avx512_bf16, amx_bf16: evaluation ~1.6x faster, about one greedy token in 28 changes) and "
-        "float32 elsewhere",
+        "float32 elsewhere; 'float32' everywhere gives the same greedy runs on machines of one ISA",
     )
     tool_calls: Literal["auto", "native", "json"] = Field(
         default="auto",

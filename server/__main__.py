@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dtype",
         choices=["float32", "auto", "bfloat16"],
-        default="float32",
+        default="auto",
         help="the model's number format; auto: bfloat16 where the CPU has native bf16 units",
     )
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")

@@ -164,7 +164,7 @@ class EmbeddedServer:
         port: int = 0,
         max_batch: int = 8,
         host: str = "127.0.0.1",
-        dtype: Precision = "float32",
+        dtype: Precision = "auto",
     ) -> None:
         self.models_dir = models_dir
         self.dtype = dtype

@@ -1,4 +1,4 @@
-"""The embedded model's number format: fp32 by default; bf16 on request where the CPU has it.
+"""The embedded model's number format: bf16 where the CPU multiplies it natively, else fp32.
 
 Prefill is most of a generation's wall time, and it is matrix products. CPUs with
 AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake) or AMX-BF16 (Intel Sapphire Rapids and
@@ -7,11 +7,15 @@ them torch emulates bf16 and it is slower than fp32. So `auto` picks bf16 only w
 units exist (bench/bf16_prefill.py measures the speed; bench/bf16_heldout.py checks, paired on
 held-out tasks, that success does not drop).
 
-Why fp32 stays the default (`model.dtype = "float32"`): bf16 evaluates about 1.6× faster with
-held-out success within noise (20 vs 21 of 120, +1 / −2), but the README's first `ratchet
-evolve` promotes its rule by the narrowest margin the gate allows (5 repairs, 0 regressions
-in 16 dev tasks) and bf16 changes that to 3 / 0: no promotion. A scheduled run that wants
-the speed sets `model.dtype = "auto"`.
+Why `auto` is the default: bf16 evaluates about 1.6× faster with held-out success within
+noise (20 vs 21 of 120 paired, +1 / −2), and the README's first `ratchet evolve` promotes its
+rule in bf16 as in fp32 (5 and 7 repairs, no regression, in 24 dev tasks; held-out 0 → 5
+and 0 → 7 of 10), in 10.3 min against 22.0, back to back on one machine (their explores filed
+6 and 7 candidates; prefill 1.5× faster per token; bench/RESULTS.md, profile_generation). It
+was fp32 while that run gated on 16 dev tasks, where bf16 fell short of the 5 repairs the gate
+needs. `model.dtype = "float32"` gives
+identical greedy runs on every machine of one instruction set; `auto` gives each machine its
+fastest exact-enough format.
 
 What changes with the format: greedy choices, at a few percent of positions (bf16 rounds
 each layer's output to 8 mantissa bits). Both arms of a gate run on one server, so the gate

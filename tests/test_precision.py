@@ -47,7 +47,7 @@ def test_the_setting_is_validated_in_one_line():
     from ratchet.config import load_settings
     from ratchet.errors import ConfigError
 
-    assert load_settings({}).model.dtype == "float32"  # bf16 is opt-in: README default's gate (config.py)
+    assert load_settings({}).model.dtype == "auto"  # bf16 where the CPU has bf16 units (server/precision.py)
     assert load_settings({"model.dtype": "bfloat16"}).model.dtype == "bfloat16"
     with pytest.raises(ConfigError, match=r"model\.dtype") as info:
         load_settings({"model.dtype": "int4"})
@@ -109,10 +109,14 @@ def test_the_loop_logs_the_format_the_server_runs_not_the_one_the_settings_name(
     does): the generation's `model_dtype` must be the server's word, not the settings'."""
     from ratchet.config import load_settings
     from ratchet.flows.runtime import open_runtime
+    from ratchet.server.launcher import served_dtype
 
-    s = load_settings({"data_dir": tmp_path, "suite": "reasoning-gym:chain_sum", "model.dtype": "bfloat16"})
+    served = served_dtype(embedded_server)
+    assert served in ("float32", "bfloat16")
+    other = "float32" if served == "bfloat16" else "bfloat16"
+    s = load_settings({"data_dir": tmp_path, "suite": "reasoning-gym:chain_sum", "model.dtype": other})
     with open_runtime(s, base_url=embedded_server) as rt:
-        assert rt.model_dtype == "float32"  # the session server runs the default format
+        assert rt.model_dtype == served
 
 
 def test_a_server_that_does_not_say_its_format_is_reported_as_unknown():
