@@ -13,9 +13,8 @@ rule in bf16 as in fp32 (5 and 7 repairs, no regression, in 24 dev tasks; held-o
 and 0 → 7 of 10), in 10.3 min against 22.0, back to back on one machine (their explores filed
 6 and 7 candidates; prefill 1.5× faster per token; bench/RESULTS.md, profile_generation). It
 was fp32 while that run gated on 16 dev tasks, where bf16 fell short of the 5 repairs the gate
-needs. `model.dtype = "float32"` gives
-identical greedy runs on every machine of one instruction set; `auto` gives each machine its
-fastest exact-enough format.
+needs. `model.dtype = "float32"` gives identical greedy runs on every machine of one
+instruction set; `auto` gives each machine its fastest exact-enough format.
 
 What changes with the format: greedy choices, at a few percent of positions (bf16 rounds
 each layer's output to 8 mantissa bits). Both arms of a gate run on one server, so the gate
