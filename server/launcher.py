@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,7 +71,8 @@ def served_dtype(base_url: str, timeout: float = 10.0) -> str | None:
         dtype = r.json().get("dtype") if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
-    return dtype if isinstance(dtype, str) else None
+    # a format name, or nothing: whatever else a foreign server says never reaches an MLflow param
+    return dtype if isinstance(dtype, str) and re.fullmatch(r"[a-z0-9_]{1,32}", dtype) else None
 
 
 _PING_TOOL = {

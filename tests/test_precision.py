@@ -128,7 +128,12 @@ def test_a_server_that_does_not_say_its_format_is_reported_as_unknown():
 
     class Foreign(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            body = {"/health": b'{"status": "ok"}', "/odd/health": b"[1, 2]"}.get(self.path, b"not json")
+            body = {
+                "/health": b'{"status": "ok"}',
+                "/odd/health": b"[1, 2]",
+                "/long/health": b'{"dtype": "' + b"x" * 10_000 + b'"}',
+                "/markup/health": b'{"dtype": "<b>bf16</b>"}',
+            }.get(self.path, b"not json")
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
@@ -143,6 +148,8 @@ def test_a_server_that_does_not_say_its_format_is_reported_as_unknown():
         assert served_dtype(f"http://127.0.0.1:{port}/v1") is None
         assert served_dtype(f"http://127.0.0.1:{port}/odd/v1") is None  # JSON, but not an object
         assert served_dtype(f"http://127.0.0.1:{port}/junk/v1") is None  # not JSON
+        assert served_dtype(f"http://127.0.0.1:{port}/long/v1") is None  # would overflow an MLflow param
+        assert served_dtype(f"http://127.0.0.1:{port}/markup/v1") is None  # not a format name
     finally:
         server.shutdown()
     assert served_dtype(f"http://127.0.0.1:{free_port()}/v1", timeout=2) is None
