@@ -6,7 +6,8 @@ the real `evaluate` stage, greedy, on the first `test` test tasks of a family, f
 once per arm. An arm is a server URL plus settings overrides. Per arm: test success, prompt
 tokens sent, tokens the server prefilled after its prefix cache, its prefill and busy seconds
 (the engine's clocks, `/health`) and wall time. Every arm after the first is compared with the
-first: repairs, regressions, and the exact one-sided p of a gain and of a loss.
+first: repairs, regressions, and the exact one-sided p of a gain and of a loss. An arm may
+also carry a LoRA adapter (`bf16_lora`: adapters trained in two formats, served side by side).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ POLICIES = ("base", "base + no-repeat")
 class Arm:
     url: str
     settings: dict[str, Any] = field(default_factory=dict)
+    adapter: Path | None = None  # a trained adapter dir, loaded into the arm's server and played
 
 
 def evaluate_arms(
@@ -45,6 +47,8 @@ def evaluate_arms(
     from ratchet.flows.evaluate import evaluate_stage
     from ratchet.flows.runtime import open_runtime
     from ratchet.runtime_env import prepare_environment
+    from ratchet.server.launcher import ensure_adapter
+    from ratchet.training.registry import adapter_sha256
     from ratchet.types import RuleSpec
 
     settings = load_settings(
@@ -63,6 +67,13 @@ def evaluate_arms(
             return policy
         return policy.model_copy(update={"rules": (RuleSpec(name="no-repeat", no_repeat=True),)})
 
+    def with_adapter(policy: Any, arm: Arm) -> Any:
+        if arm.adapter is None:
+            return policy
+        sha = adapter_sha256(arm.adapter)
+        ensure_adapter(arm.url, f"adapter-{sha[:12]}", arm.adapter)
+        return policy.model_copy(update={"adapter": f"adapter-{sha[:12]}", "adapter_hash": sha})
+
     @flow(name="paired-arms", validate_parameters=False)
     def one_family() -> dict[str, Any]:
         rows: list[dict[str, Any]] = []
@@ -73,8 +84,9 @@ def evaluate_arms(
             for arm_name, arm in arms.items():
                 arm_settings = settings.model_copy(update=arm.settings)
                 with open_runtime(arm_settings, arm.url) as rt:
+                    policy = with_adapter(with_rules(rt.base_policy(), name), arm)
                     before, started = server_stats(arm.url), time.perf_counter()
-                    report = evaluate_stage(rt, generation, with_rules(rt.base_policy(), name)).report
+                    report = evaluate_stage(rt, generation, policy).report
                     wall = time.perf_counter() - started
                     after = server_stats(arm.url)
                 generation += 1

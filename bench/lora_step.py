@@ -1,6 +1,7 @@
 """Seconds per LoRA optimizer step and peak memory: ratchet's trainer vs a plain peft loop.
 
     .venv/bin/python bench/lora_step.py [--steps 6] [--rounds 2] [--batch 8]
+        [--methods plain ratchet ratchet_bf16]
 
 Both train the same LoRA config (finetune.lora defaults: r=16 on q,k,v,o) on the same batch
 of real training examples (coin expert trajectories replayed into the actor's prompts).
@@ -10,7 +11,9 @@ of real training examples (coin expert trajectories replayed into the actor's pr
   49k vocabulary;
 * ratchet: `training.lora.accumulate` — the same examples one at a time without padding
   (causal-only attention takes the flash kernel), gradients accumulated, the projection only
-  on the labelled positions.
+  on the labelled positions;
+* ratchet_bf16: the same loop with the frozen base in bf16 (the adapter stays fp32), what
+  the fine-tune stage does where the CPU has bf16 units (`model.dtype = "auto"`).
 
 The batch is the `--batch` examples nearest the median length (not the longest: with a mask,
 the plain loop keeps every layer's full attention matrix, and 8 examples of ~1.5k tokens
@@ -35,6 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ratchet.server.precision import native_bf16  # noqa: E402
+
+METHODS = ("plain", "ratchet", "ratchet_bf16")
+
 
 def _batch(n: int) -> list:  # type: ignore[type-arg]
     from ratchet.agents.rollout import RolloutSlot, run_expert
@@ -57,7 +64,8 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
     from ratchet.training.lora import accumulate, collate, encode_all, load_for_training
 
     cfg = load_settings({}).finetune.lora
-    model, tok = load_for_training(ensure_hf_copy(ROOT / ".ratchet" / "models"), cfg)
+    dtype = "bfloat16" if method == "ratchet_bf16" else "float32"
+    model, tok = load_for_training(ensure_hf_copy(ROOT / ".ratchet" / "models"), cfg, dtype)
     data, _ = encode_all(_batch(batch_size), tok, cfg.max_tokens)
     data = sorted(data, key=lambda e: len(e.input_ids))
     mid = len(data) // 2
@@ -93,15 +101,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--worker", choices=["plain", "ratchet"], help=argparse.SUPPRESS)
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lora_step.json")
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.batch)))
         return
-    runs: dict[str, list[dict[str, float]]] = {"plain": [], "ratchet": []}
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in args.methods}
     for r in range(args.rounds):
-        for method in ("plain", "ratchet") if r % 2 == 0 else ("ratchet", "plain"):
+        for method in args.methods if r % 2 == 0 else args.methods[::-1]:
             out = subprocess.run(
                 [
                     sys.executable,
@@ -122,21 +131,30 @@ def main() -> None:
     summary = {
         m: {
             "sec_per_step": statistics.median(x["sec_per_step"] for x in rs),
+            # batches differ a little between processes (coin's gold paths are random per process)
+            "tok_per_s": statistics.median(x["tokens_per_batch"] / x["sec_per_step"] for x in rs),
             "peak_rss_mb": max(x["peak_rss_mb"] for x in rs),
         }
         for m, rs in runs.items()
     }
-    speed = summary["plain"]["sec_per_step"] / summary["ratchet"]["sec_per_step"]
-    first = runs["plain"][0]
+    first = runs[args.methods[0]][0]
     print(
         f"\nbatch {args.batch} examples, {first['tokens_per_batch']} tokens, {first['target_tokens']} learned"
     )
-    print("| loop | s/step | peak RSS |\n|---|---|---|")
+    print("| loop | s/step | tokens/s | peak RSS |\n|---|---|---|---|")
     for m, s in summary.items():
-        print(f"| {m} | {s['sec_per_step']:.2f} | {s['peak_rss_mb'] / 1024:.2f} GB |")
-    print(f"ratchet speed = {speed:.2f}x the plain loop")
+        print(f"| {m} | {s['sec_per_step']:.2f} | {s['tok_per_s']:.0f} | {s['peak_rss_mb'] / 1024:.2f} GB |")
+    ratios = {
+        f"{a}/{b}": summary[a]["tok_per_s"] / summary[b]["tok_per_s"]
+        for a, b in (("ratchet", "plain"), ("ratchet_bf16", "ratchet"), ("ratchet_bf16", "plain"))
+        if a in summary and b in summary
+    }
+    for name, speed in ratios.items():
+        a, b = name.split("/")
+        print(f"{a} speed = {speed:.2f}x {b} (tokens per second)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"runs": runs, "summary": summary, "speed_ratio": speed}, indent=2) + "\n")
+    out = {"cpu_bf16": native_bf16(), "runs": runs, "summary": summary, "speed_ratios": ratios}
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

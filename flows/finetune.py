@@ -39,6 +39,7 @@ from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
 from ratchet.flows.verify import gate_evidence, run_gates
 from ratchet.hashing import content_hash
 from ratchet.server.launcher import ensure_adapter
+from ratchet.server.precision import dtype_name
 from ratchet.skills.intervention import GateDecision
 from ratchet.training.dataset import Dataset, build_dataset
 from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
@@ -144,9 +145,12 @@ def _train(
         if mlflow.active_run() is not None:
             mlflow.log_metric("finetune_loss", loss, step=step)
 
+    # the frozen base in this CPU's format for `model.dtype` (bf16 where it has bf16 units); the
+    # adapter itself trains in fp32 either way (training/lora.py says why this is safe)
+    dtype = dtype_name(s.model.dtype)
     seconds = 0.0
     if not all((out / f).is_file() for f in ADAPTER_FILES):  # else: trained before a kill, not registered
-        trained, too_long = fit_adapter(s.models_dir, data.examples, out, cfg, on_step)
+        trained, too_long = fit_adapter(s.models_dir, data.examples, out, cfg, on_step, dtype=dtype)
         seconds = trained.wall_seconds
         if mlflow.active_run() is not None:
             mlflow.log_metrics(
@@ -165,7 +169,8 @@ def _train(
     run_id, source = "", str(registry.local_dir(sha))  # outside a tracked run: only the local copy
     if run is not None:
         _log_dataset(data, path)
-        tracking.log_params({f"lora_{k}": v for k, v in cfg.model_dump(mode="json").items()})
+        params = {f"lora_{k}": v for k, v in cfg.model_dump(mode="json").items()}
+        tracking.log_params(params | {"lora_dtype": dtype})
         mlflow.log_artifacts(str(out), f"adapters/{sha[:12]}")
         run_id, source = run.info.run_id, f"{run.info.artifact_uri}/adapters/{sha[:12]}"
     adapter = registry.register(out, run_id, source, data.version, config_hash(s), who)

@@ -16,7 +16,7 @@ from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.agents.testing import ScriptedChatModel, call
 from ratchet.suites import get_suite
 from ratchet.toolcalls import render_tools
-from ratchet.training.dataset import build_dataset, lucky, repeats
+from ratchet.training.dataset import Dataset, build_dataset, lucky, repeats
 from ratchet.training.examples import ReplayError, replay
 from ratchet.types import Policy, PromptRecord, SkillText, Trajectory
 from tests.factories import traj
@@ -164,6 +164,14 @@ def test_openai_export_learns_only_the_last_turn(tmp_path: Path) -> None:
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "assistant"]
     assert second[2]["weight"] == 0 and "weight" not in second[-1]
     assert json.loads(second[-1]["tool_calls"][0]["function"]["arguments"]) == {"action": "take coin"}
+
+
+def test_an_exported_dataset_reads_back_as_the_same_examples(tmp_path: Path) -> None:
+    data = build_dataset([_success("t1", ["look", "take coin"], "a")], per_task=1)
+    back = Dataset.read_openai_jsonl(data.write_openai_jsonl(tmp_path / "ft.jsonl").read_text(), "ft")
+    assert back.version == data.version  # the same prompts, tools and answers: it trains the same
+    assert [e.turns() for e in back.examples] == [e.turns() for e in data.examples]
+    assert [e.key for e in back.examples] == [e.key for e in data.examples]
 
 
 def test_finetune_off_skips_the_stage_and_leaves_the_registry_untouched(tmp_path: Path) -> None:

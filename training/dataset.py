@@ -49,6 +49,12 @@ class Dataset:
         """OpenAI chat fine-tuning format, written atomically (a killed export leaves nothing)."""
         return write_text_atomic(path, "".join(json.dumps(e.openai_finetune()) + "\n" for e in self.examples))
 
+    @classmethod
+    def read_openai_jsonl(cls, text: str, source: str = "") -> Dataset:
+        """A dataset `write_openai_jsonl` wrote, back (same `version`): retrain from an export."""
+        lines = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+        return cls([ChatExample.from_openai_finetune(ln, source) for ln in lines], [source] if source else [])
+
 
 def lucky(traj: Trajectory, drop_loops: bool = False) -> str | None:
     """Why a success should not be learned from, or None if it is a clean pass."""

@@ -59,6 +59,14 @@ class ChatExample:
         history = [dict(m, weight=0) if m["role"] == "assistant" else m for m in self.messages]
         return {"messages": [*history, self.target], "tools": self.tools}
 
+    @classmethod
+    def from_openai_finetune(cls, line: dict[str, Any], source: str = "") -> ChatExample:
+        """The example one line of `openai_finetune` wrote (same `key`); `source` names where it
+        came from, since the file keeps no trajectory ids."""
+        *history, target = line["messages"]
+        messages = [{k: v for k, v in m.items() if k != "weight"} for m in history]
+        return cls(messages, line.get("tools") or [], target, source, source, len(history))
+
 
 def replay(traj: Trajectory) -> list[ChatExample]:
     """Every model call of `traj` that produced a tool call; [] if it has no prompt record."""

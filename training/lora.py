@@ -30,6 +30,7 @@ from typing import Any
 
 from ratchet.config import LoraSettings
 from ratchet.files import atomic_dir
+from ratchet.server.precision import Precision, resolve
 from ratchet.training.examples import ChatExample
 
 IGNORE = -100
@@ -108,8 +109,8 @@ def collate(batch: Sequence[Encoded], pad_id: int) -> tuple[Any, Any, Any]:
     return ids, labels, mask
 
 
-def load_for_training(base_dir: Path, cfg: LoraSettings) -> tuple[Any, Any]:
-    """The base model with fresh LoRA layers, and its tokenizer."""
+def load_for_training(base_dir: Path, cfg: LoraSettings, dtype: Precision = "float32") -> tuple[Any, Any]:
+    """The base model (frozen, in `dtype`) with fresh fp32 LoRA layers, and its tokenizer."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -118,7 +119,7 @@ def load_for_training(base_dir: Path, cfg: LoraSettings) -> tuple[Any, Any]:
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=resolve(dtype))
     lora = LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
@@ -128,7 +129,8 @@ def load_for_training(base_dir: Path, cfg: LoraSettings) -> tuple[Any, Any]:
     )
     with warnings.catch_warnings():  # peft calls a transformers API deprecated for v6: not ours to fix
         warnings.simplefilter("ignore", FutureWarning)
-        return get_peft_model(model, lora), tokenizer
+        # autocast_adapter_dtype (peft's default) keeps the adapter's own weights in fp32 on a bf16 base
+        return get_peft_model(model, lora, autocast_adapter_dtype=True), tokenizer
 
 
 def target_loss(model: Any, ids: Any, labels: Any, mask: Any = None, reduction: str = "mean") -> Any:
@@ -216,15 +218,17 @@ def fit_adapter(
     out_dir: Path,
     cfg: LoraSettings,
     on_step: Callable[[int, int, float], None] | None = None,
+    dtype: Precision = "float32",
 ) -> tuple[TrainResult, int]:
-    """Encode `examples` for the shipped model and train an adapter into `out_dir`.
+    """Encode `examples` for the shipped model and train an adapter into `out_dir`, the frozen
+    base in `dtype` ("float32" or "bfloat16", see the module docstring).
 
     Returns the result and how many examples were dropped as longer than `cfg.max_tokens`."""
     from ratchet.server.weights import ensure_hf_copy
 
     if not examples:
         raise ValueError("no training examples: no clean success to learn from")
-    model, tokenizer = load_for_training(ensure_hf_copy(models_dir), cfg)
+    model, tokenizer = load_for_training(ensure_hf_copy(models_dir), cfg, dtype)
     data, too_long = encode_all(examples, tokenizer, cfg.max_tokens)
     if not data:
         raise ValueError(

@@ -1,0 +1,112 @@
+"""LoRA training with the frozen base in bf16 against fp32: as fast as it looks, and as good?
+
+The fine-tune stage trains its adapter with the base in the run's number format (`model.dtype`;
+`auto` is bf16 where the CPU has bf16 units). bench/lora_step.py times one optimizer step;
+this measures what a generation pays and gets: the whole training on one real dataset in each
+format (wall time, steps, final loss), then the adapters side by side on held-out tasks.
+
+The dataset is the one the three-generation bf16 headline trained on in its last generation
+(bench/data/coin_headline_dataset.jsonl.gz: 156 examples from 42 coin successes, the format the
+fine-tune stage exports), so both formats learn exactly the same examples in the same order.
+Evaluation: one embedded server (`--serve-dtype`, default this machine's `auto`), the real
+`evaluate` stage, greedy, on the first `--test` coin test tasks; arms base, adapter trained in
+fp32, adapter trained in bf16, same tasks and seeds (bench/_paired.py), compared task by task
+with the first arm (the fp32 adapter).
+
+    .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 bfloat16]
+
+Writes bench/results/bf16_lora.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _paired import Arm, evaluate_arms, table  # noqa: E402
+
+DATASET = ROOT / "bench" / "data" / "coin_headline_dataset.jsonl.gz"
+FAMILY = "textworld-express:coin"
+
+
+def train(dataset: Path, dtype: str, out: Path) -> dict[str, object]:
+    """Train one adapter on the whole dataset with the default LoRA settings."""
+    from ratchet.config import load_settings
+    from ratchet.training.dataset import Dataset
+    from ratchet.training.lora import fit_adapter
+
+    data = Dataset.read_openai_jsonl(gzip.decompress(dataset.read_bytes()).decode(), dataset.name)
+    cfg = load_settings({}).finetune.lora
+    result, too_long = fit_adapter(ROOT / ".ratchet" / "models", data.examples, out, cfg, dtype=dtype)
+    last_epoch = result.losses[-(result.steps // cfg.epochs) :]
+    row = {
+        "dtype": dtype,
+        "dataset_version": data.version,
+        "examples": result.examples,
+        "too_long": too_long,
+        "steps": result.steps,
+        "tokens": result.tokens,
+        "wall_s": round(result.wall_seconds, 1),
+        "sec_per_step": round(result.wall_seconds / result.steps, 2),
+        "first_loss": round(result.losses[0], 4),
+        "final_loss": round(result.losses[-1], 4),
+        "mean_last_epoch_loss": round(sum(last_epoch) / len(last_epoch), 4),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", type=Path, default=DATASET, help="an exported dataset (.jsonl.gz)")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--serve-dtype", default="auto", help="the evaluation server's format")
+    p.add_argument("--test", type=int, default=30, help="held-out coin test tasks")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--name", default="bf16_lora")
+    args = p.parse_args()
+    from ratchet.runtime_env import stop_on_sigterm
+
+    stop_on_sigterm()  # a killed run stops its server
+
+    from ratchet.server.launcher import EmbeddedServer, served_dtype
+    from ratchet.server.precision import native_bf16
+    from ratchet.server.weights import ensure_hf_copy
+
+    ensure_hf_copy(ROOT / ".ratchet" / "models")
+    work = Path(tempfile.mkdtemp(prefix="ratchet-bf16-lora-"))
+    trained = [train(args.dataset, dtype, work / f"adapter-{dtype}") for dtype in args.dtypes]
+    with EmbeddedServer(ROOT / ".ratchet" / "models", work / "server", dtype=args.serve_dtype) as url:
+        arms = {f"lora {t['dtype']}": Arm(url, adapter=work / f"adapter-{t['dtype']}") for t in trained}
+        arms["base"] = Arm(url)
+        family = evaluate_arms(FAMILY, arms, work / "eval", args.test, args.concurrency, policies=("base",))
+        served = served_dtype(url)
+    first = next(iter(arms))
+    print("| trained in | steps | wall | s/step | final loss | mean loss, last epoch |")
+    print("|---|---|---|---|---|---|")
+    for t in trained:
+        cells = [t["dtype"], t["steps"], f"{t['wall_s']:.0f} s", t["sec_per_step"], t["final_loss"]]
+        print("| " + " | ".join(map(str, [*cells, t["mean_last_epoch_loss"]])) + " |")
+    print(table([family], first))
+    doc = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "native_bf16": native_bf16(),
+        "served_dtype": served,
+        "training": trained,
+        "evaluation": family,
+    }
+    out = ROOT / "bench" / "results" / f"{args.name}.json"
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
