@@ -40,9 +40,9 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--name", default="bf16_heldout")
     args = p.parse_args()
-    from ratchet.runtime_env import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_signals
 
-    stop_on_sigterm()  # a killed run stops its servers
+    stop_on_signals()  # a killed run stops its servers
 
     from ratchet.server.launcher import EmbeddedServer
     from ratchet.server.precision import BF16_FLAGS, cpu_flags, native_bf16

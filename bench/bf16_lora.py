@@ -14,6 +14,7 @@ fp32, adapter trained in bf16, same tasks and seeds (bench/_paired.py), compared
 with the first arm (the fp32 adapter).
 
     .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 bfloat16]
+    .venv/bin/python bench/bf16_lora.py --work DIR --test 100 --no-base   # the same adapters, more tasks
 
 Writes bench/results/bf16_lora.json and prints the table.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -38,14 +40,20 @@ FAMILY = "textworld-express:coin"
 
 
 def train(dataset: Path, dtype: str, out: Path) -> dict[str, object]:
-    """Train one adapter on the whole dataset with the default LoRA settings."""
+    """Train one adapter on the whole dataset with the default LoRA settings (or take the one a
+    previous run of this bench left in `out`, with its record)."""
+    record = out.with_name(f"{out.name}.json")
+    if record.is_file() and (out / "adapter_model.safetensors").is_file():
+        return json.loads(record.read_text())
     from ratchet.config import load_settings
     from ratchet.training.dataset import Dataset
     from ratchet.training.lora import fit_adapter
 
     data = Dataset.read_openai_jsonl(gzip.decompress(dataset.read_bytes()).decode(), dataset.name)
     cfg = load_settings({}).finetune.lora
-    result, too_long = fit_adapter(ROOT / ".ratchet" / "models", data.examples, out, cfg, dtype=dtype)
+    base = "float32" if dtype == "autocast" else dtype
+    models = ROOT / ".ratchet" / "models"
+    result, too_long = fit_adapter(models, data.examples, out, cfg, dtype=base, autocast=dtype == "autocast")
     last_epoch = result.losses[-(result.steps // cfg.epochs) :]
     row = {
         "dtype": dtype,
@@ -61,6 +69,7 @@ def train(dataset: Path, dtype: str, out: Path) -> dict[str, object]:
         "mean_last_epoch_loss": round(sum(last_epoch) / len(last_epoch), 4),
     }
     print(json.dumps(row), flush=True)
+    record.write_text(json.dumps(row))
     return row
 
 
@@ -72,21 +81,26 @@ def main() -> None:
     p.add_argument("--test", type=int, default=30, help="held-out coin test tasks")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--name", default="bf16_lora")
+    p.add_argument("--work", type=Path, help="a previous run's work dir: reuse its adapters (more --test)")
+    p.add_argument("--base", action=argparse.BooleanOptionalAction, default=True, help="play the base too")
     args = p.parse_args()
-    from ratchet.runtime_env import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_signals
 
-    stop_on_sigterm()  # a killed run stops its server
+    stop_on_signals()  # a killed run stops its server
 
     from ratchet.server.launcher import EmbeddedServer, served_dtype
     from ratchet.server.precision import native_bf16
     from ratchet.server.weights import ensure_hf_copy
 
     ensure_hf_copy(ROOT / ".ratchet" / "models")
-    work = Path(tempfile.mkdtemp(prefix="ratchet-bf16-lora-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="ratchet-bf16-lora-"))
+    print(f"work dir: {work}", flush=True)
     trained = [train(args.dataset, dtype, work / f"adapter-{dtype}") for dtype in args.dtypes]
     with EmbeddedServer(ROOT / ".ratchet" / "models", work / "server", dtype=args.serve_dtype) as url:
         arms = {f"lora {t['dtype']}": Arm(url, adapter=work / f"adapter-{t['dtype']}") for t in trained}
-        arms["base"] = Arm(url)
+        if args.base:
+            arms["base"] = Arm(url)
+        shutil.rmtree(work / "eval", ignore_errors=True)  # a fresh evaluation, never a resumed one
         family = evaluate_arms(FAMILY, arms, work / "eval", args.test, args.concurrency, policies=("base",))
         served = served_dtype(url)
     first = next(iter(arms))

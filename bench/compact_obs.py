@@ -44,9 +44,9 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compact_obs.json")
     args = p.parse_args()
-    from ratchet.runtime_env import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_signals
 
-    stop_on_sigterm()  # a killed run stops its servers
+    stop_on_signals()  # a killed run stops its servers
     only: dict[str, list[str]] = {}
     for item in args.only:
         family, _, policy = item.partition("=")

@@ -202,9 +202,9 @@ def main(**defaults: Any) -> None:
     p.add_argument("--redraw", type=Path, default=None, help="only redraw table and plot from a results JSON")
     p.set_defaults(**defaults)
     args = p.parse_args()
-    from ratchet.runtime_env import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_signals
 
-    stop_on_sigterm()  # a killed run stops its servers
+    stop_on_signals()  # a killed run stops its servers
     if args.redraw is not None:
         doc = json.loads(args.redraw.read_text())
         print(table(doc["results"]))

@@ -13,7 +13,9 @@ of real training examples (coin expert trajectories replayed into the actor's pr
   (causal-only attention takes the flash kernel), gradients accumulated, the projection only
   on the labelled positions;
 * ratchet_bf16: the same loop with the frozen base in bf16 (the adapter stays fp32), what
-  the fine-tune stage does where the CPU has bf16 units (`model.dtype = "auto"`).
+  the fine-tune stage does where the CPU has bf16 units (`model.dtype = "auto"`);
+* ratchet_autocast: the same loop with an fp32 base, its matrix products in bf16 under
+  torch.autocast (norms, residual stream and weights stay fp32).
 
 The batch is the `--batch` examples nearest the median length (not the longest: with a mask,
 the plain loop keeps every layer's full attention matrix, and 8 examples of ~1.5k tokens
@@ -40,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from ratchet.server.precision import native_bf16  # noqa: E402
 
-METHODS = ("plain", "ratchet", "ratchet_bf16")
+METHODS = ("plain", "ratchet", "ratchet_bf16", "ratchet_autocast")
 
 
 def _batch(n: int) -> list:  # type: ignore[type-arg]
@@ -81,7 +83,7 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
         else:
-            loss = accumulate(model, data)
+            loss = accumulate(model, data, autocast=method == "ratchet_autocast")
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i:  # the first step warms up allocators and kernels
@@ -146,7 +148,7 @@ def main() -> None:
         print(f"| {m} | {s['sec_per_step']:.2f} | {s['tok_per_s']:.0f} | {s['peak_rss_mb'] / 1024:.2f} GB |")
     ratios = {
         f"{a}/{b}": summary[a]["tok_per_s"] / summary[b]["tok_per_s"]
-        for a, b in (("ratchet", "plain"), ("ratchet_bf16", "ratchet"), ("ratchet_bf16", "plain"))
+        for a, b in (("ratchet", "plain"), ("ratchet_bf16", "ratchet"), ("ratchet_autocast", "ratchet"))
         if a in summary and b in summary
     }
     for name, speed in ratios.items():

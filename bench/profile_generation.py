@@ -122,9 +122,9 @@ def main() -> None:
     p.add_argument("--name", default="profile_generation", help="results file name under bench/results")
     p.add_argument("--report", type=Path, default=None, help="only print the tables of a results file")
     args = p.parse_args()
-    from ratchet.runtime_env import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_signals
 
-    stop_on_sigterm()  # a killed run stops its servers
+    stop_on_signals()  # a killed run stops its servers
     if args.report is not None:
         print(report(json.loads(args.report.read_text())))
         return

@@ -544,9 +544,9 @@ def _print_verify(result: Any) -> None:
 
 
 def main() -> None:
-    from ratchet.runtime_env import stop_on_sigterm
+    from ratchet.runtime_env import stop_on_signals
 
-    stop_on_sigterm()
+    stop_on_signals()
     app()
 
 

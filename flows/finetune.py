@@ -145,12 +145,12 @@ def _train(
         if mlflow.active_run() is not None:
             mlflow.log_metric("finetune_loss", loss, step=step)
 
-    # the frozen base in this CPU's format for `model.dtype` (bf16 where it has bf16 units); the
-    # adapter itself trains in fp32 either way (training/lora.py says why this is safe)
-    dtype = dtype_name(s.model.dtype)
+    # bf16 products under autocast where `model.dtype` means bf16 on this CPU (it has bf16
+    # units): 1.39x faster, the same held-out success (training/lora.py); fp32 elsewhere
+    autocast = dtype_name(s.model.dtype) == "bfloat16"
     seconds = 0.0
     if not all((out / f).is_file() for f in ADAPTER_FILES):  # else: trained before a kill, not registered
-        trained, too_long = fit_adapter(s.models_dir, data.examples, out, cfg, on_step, dtype=dtype)
+        trained, too_long = fit_adapter(s.models_dir, data.examples, out, cfg, on_step, autocast=autocast)
         seconds = trained.wall_seconds
         if mlflow.active_run() is not None:
             mlflow.log_metrics(
@@ -170,7 +170,7 @@ def _train(
     if run is not None:
         _log_dataset(data, path)
         params = {f"lora_{k}": v for k, v in cfg.model_dump(mode="json").items()}
-        tracking.log_params(params | {"lora_dtype": dtype})
+        tracking.log_params(params | {"lora_precision": "bf16-autocast" if autocast else "float32"})
         mlflow.log_artifacts(str(out), f"adapters/{sha[:12]}")
         run_id, source = run.info.run_id, f"{run.info.artifact_uri}/adapters/{sha[:12]}"
     adapter = registry.register(out, run_id, source, data.version, config_hash(s), who)

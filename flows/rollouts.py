@@ -24,6 +24,7 @@ from ratchet.flows import agent_versions, traces, tracking
 from ratchet.flows.progress import report
 from ratchet.flows.runtime import LoopRuntime, RuntimeRef
 from ratchet.hashing import content_hash
+from ratchet.runtime_env import stopping
 from ratchet.stats import wilson_interval
 from ratchet.types import Policy, Split, Trajectory
 
@@ -35,7 +36,7 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
             state.result(raise_on_failure=True)
         except BaseException as e:  # noqa: BLE001 - we only classify it
             exc = e
-    return exc is not None and is_transient(exc)
+    return exc is not None and is_transient(exc) and not stopping()
 
 
 # Every task that calls a model: retried only on transient endpoint errors, never cached
@@ -57,7 +58,28 @@ def rollout_task(
     `trace`: the slot was sampled for an MLflow trace (`flows/traces.py`), and where it goes.
 
     Takes a picklable `RuntimeRef`, not the runtime: with a Dask or Ray task runner it runs in
-    another process."""
+    another process.
+
+    Once the process is stopping (Ctrl-C), a slot not begun is left unplayed and one in flight
+    ends without a word: the runtime's store and model server are closing under it, and the
+    rerun plays both slots (returns "" for them)."""
+    if stopping():
+        return ""
+    try:
+        return _play_and_store(ref, slot, policy, settings, trace)
+    except Exception:
+        if stopping():
+            return ""
+        raise
+
+
+def _play_and_store(
+    ref: RuntimeRef,
+    slot: RolloutSlot,
+    policy: Policy,
+    settings: ActorSettings,
+    trace: traces.TraceTarget | None,
+) -> str:
     rt = ref.resolve()
     skills = exemplars = None
     if rt.retriever is not None:  # the top-k promoted skills and the nearest solved tasks

@@ -7,6 +7,7 @@ offline: no telemetry, no hub downloads.
 from __future__ import annotations
 
 import os
+import threading
 
 from ratchet.config import Settings
 
@@ -39,14 +40,30 @@ def prepare_environment(settings: Settings) -> None:
         os.environ.setdefault(key, value)
 
 
-def stop_on_sigterm() -> None:
-    """Make `kill` (SIGTERM) unwind like Ctrl-C: `with` blocks stop the model server and close
+# Set by the signal handlers below, before KeyboardInterrupt unwinds the main thread. Worker
+# threads (Prefect's task runner) go on until their task ends; the runtime's stores and model
+# server close under them, so a task checks this and stops quietly instead of failing loudly.
+STOPPING = threading.Event()
+
+
+def stopping() -> bool:
+    """True once the process was told to stop (Ctrl-C or SIGTERM): start nothing new."""
+    return STOPPING.is_set()
+
+
+def stop_on_signals() -> None:
+    """Make Ctrl-C (SIGINT) and `kill` (SIGTERM) unwind the same way: mark the process as
+    stopping, then raise KeyboardInterrupt, so `with` blocks stop the model server and close
     stores, and exit handlers stop Prefect's API server. Left at Python's default, SIGTERM ends
-    the process at once and leaves Prefect's server (uvicorn) running. For entry points: the
-    CLI and the benchmarks."""
+    the process at once and leaves Prefect's server (uvicorn) running. A SIGINT the process
+    was started to ignore (a shell's background job) stays ignored. For entry points: the CLI
+    and the benchmarks."""
     import signal
 
     def interrupt(signum: int, frame: object) -> None:
+        STOPPING.set()
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, interrupt)

@@ -16,6 +16,7 @@ from ratchet.flows.explore import seed_experts
 from ratchet.flows.finetune import finetune_flow
 from ratchet.flows.launch import run_flow
 from ratchet.flows.runtime import open_runtime
+from ratchet.server.precision import dtype_name
 from ratchet.suites import get_suite
 from ratchet.training.dataset import build_dataset
 from ratchet.training.registry import AdapterRegistry, adapter_sha256
@@ -74,6 +75,42 @@ def test_lora_learns_the_target_turns_and_reloads_identically(base_model_dir: Pa
     assert torch.allclose(trained_logits, again, atol=1e-4)
 
 
+def test_bf16_autocast_trains_the_same_fp32_adapter_with_bf16_products(
+    base_model_dir: Path, tmp_path: Path
+) -> None:
+    """What the fine-tune stage does where the CPU has bf16 units: the matrix products in bf16
+    (torch.autocast), everything the adapter is made of (weights, AdamW state, file) in fp32."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ratchet.training.lora import (
+        accumulate,
+        collate,
+        encode_all,
+        load_for_training,
+        target_loss,
+        train_lora,
+    )
+
+    cfg = load_settings({}).finetune.lora.model_copy(update={"epochs": 4, "batch_size": 4, "lr": 2e-3})
+    model, tok = load_for_training(base_model_dir, cfg)
+    data = encode_all(_coin_examples(6), tok, cfg.max_tokens)[0][:4]
+    ids, labels, mask = collate(data, tok.pad_token_id)
+    model.eval()
+    exact, fast = accumulate(model, data[:1]), accumulate(model, data[:1], autocast=True)
+    model.zero_grad(set_to_none=True)
+    assert fast != exact and abs(fast - exact) < 0.05 * exact  # bf16 arithmetic took effect, and is close
+    with torch.no_grad():
+        before = target_loss(model, ids, labels, mask).item()
+    result = train_lora(model, data, tmp_path / "adapter", cfg, autocast=True)
+    with torch.no_grad():
+        after = target_loss(model, ids, labels, mask).item()
+    assert result.steps == 4 and after < before * 0.7  # it learned
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert saved and {t.dtype for t in saved.values()} == {torch.float32}
+
+
 def _settings(tmp_path: Path, **over: Any) -> Settings:
     data = tmp_path / "data"
     (data).mkdir(parents=True, exist_ok=True)
@@ -125,6 +162,8 @@ def test_finetune_trains_registers_gates_and_resumes_without_repeating(
     run = client.get_run(v.run_id)
     assert len(client.get_metric_history(v.run_id, "finetune_loss")) == 4  # 2 batches x 2 epochs
     assert any(d.dataset.name == f"sft-{result.dataset}" for d in run.inputs.dataset_inputs)
+    bf16 = dtype_name(settings.model.dtype) == "bfloat16"  # this CPU has bf16 units
+    assert run.data.params["lora_precision"] == ("bf16-autocast" if bf16 else "float32")
     assert any(
         a.path.endswith("adapter_model.safetensors")
         for a in client.list_artifacts(v.run_id, f"adapters/{v.sha256[:12]}")
