@@ -22,9 +22,10 @@ compares like with like; a run's policy versions all play at one precision, reco
 server's `/health` and the generation's MLflow params (`model_dtype`). It is not part of a
 policy's version: the version says what the policy is made of (model, adapter, skills), and
 the format is how this machine serves it, like its thread count or its CPU's fp32 rounding.
-Logits are read in fp32 for sampling either way. LoRA training loads its frozen base in the
-same format (`training/lora.py`: 1.63× faster in bf16, the same loss curve); the adapter's own
-weights stay fp32 in training and in serving (peft keeps an fp32 adapter in fp32 on a bf16 base).
+Logits are read in fp32 for sampling either way. LoRA training follows the same setting:
+bf16 matrix products under autocast where `auto` means bf16 (`training/lora.py`: 1.39× faster,
+held-out within noise), everything the adapter is made of in fp32; peft keeps that fp32
+adapter in fp32 on the bf16 base it is served on.
 """
 
 from __future__ import annotations
