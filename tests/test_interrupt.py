@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -75,3 +76,38 @@ def test_ctrl_c_during_explore_stops_in_one_line_and_the_rerun_resumes(
     after = _finished(db)
     assert len(after) == len(set(after)) == 6, after  # every slot once: none replayed, none lost
     assert set(stopped) <= set(after)
+
+
+_PRESS = """
+import os, signal, time
+from ratchet.runtime_env import stop_on_signals, stopping
+stop_on_signals()
+try:
+    os.kill(os.getpid(), signal.{sig})
+    time.sleep(5)
+    print("ran on", stopping())
+except KeyboardInterrupt:
+    print("interrupted", stopping())
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_kill_mark_the_process_stopping_before_they_unwind(sig: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _PRESS.format(sig=sig)],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert out.stdout.split() == ["interrupted", "True"], out.stderr
+
+
+def test_a_sigint_the_process_was_started_to_ignore_stays_ignored() -> None:
+    """A shell's background job starts with SIGINT ignored: the terminal's Ctrl-C is not for it."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PRESS.format(sig="SIGINT").replace("time.sleep(5)", "time.sleep(0.2)")],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert out.stdout.split() == ["ran", "on", "False"], out.stderr
