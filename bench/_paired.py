@@ -127,3 +127,11 @@ def table(families: list[dict[str, Any]], first: str) -> str:
                 f"{a['wall_s']:.0f} |"
             )
     return "\n".join(lines)
+
+
+def write_result(name: str, args: Any, doc: dict[str, Any]) -> Path:
+    """bench/results/<name>.json: the run's arguments, then `doc`."""
+    out = Path(__file__).resolve().parent / "results" / f"{name}.json"
+    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **doc}, indent=2) + "\n")
+    print(f"wrote {out}")
+    return out

@@ -17,7 +17,6 @@ Writes bench/results/bf16_heldout.json and prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from contextlib import ExitStack
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _paired import Arm, evaluate_arms, table  # noqa: E402
+from _paired import Arm, evaluate_arms, table, write_result  # noqa: E402
 
 FAMILIES = ["textworld-express:coin", "textworld-express:mapreader"]
 DTYPES = ("float32", "bfloat16")
@@ -61,15 +60,15 @@ def main() -> None:
         for family in args.families:
             families.append(evaluate_arms(family, arms, data, args.test, args.concurrency))
     print(table(families, "float32"))
-    doc = {
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "cpu_bf16_flags": sorted(set(BF16_FLAGS) & cpu_flags()),
-        "native_bf16": native_bf16(),
-        "families": families,
-    }
-    out = ROOT / "bench" / "results" / f"{args.name}.json"
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(
+        args.name,
+        args,
+        {
+            "cpu_bf16_flags": sorted(set(BF16_FLAGS) & cpu_flags()),
+            "native_bf16": native_bf16(),
+            "families": families,
+        },
+    )
 
 
 if __name__ == "__main__":

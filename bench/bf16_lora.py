@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _paired import Arm, evaluate_arms, table  # noqa: E402
+from _paired import Arm, evaluate_arms, table, write_result  # noqa: E402
 
 DATASET = ROOT / "bench" / "data" / "coin_headline_dataset.jsonl.gz"
 FAMILY = "textworld-express:coin"
@@ -110,16 +110,16 @@ def main() -> None:
         cells = [t["dtype"], t["steps"], f"{t['wall_s']:.0f} s", t["sec_per_step"], t["final_loss"]]
         print("| " + " | ".join(map(str, [*cells, t["mean_last_epoch_loss"]])) + " |")
     print(table([family], first))
-    doc = {
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "native_bf16": native_bf16(),
-        "served_dtype": served,
-        "training": trained,
-        "evaluation": family,
-    }
-    out = ROOT / "bench" / "results" / f"{args.name}.json"
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(
+        args.name,
+        args,
+        {
+            "native_bf16": native_bf16(),
+            "served_dtype": served,
+            "training": trained,
+            "evaluation": family,
+        },
+    )
 
 
 if __name__ == "__main__":
