@@ -30,6 +30,7 @@ class Arm:
     url: str
     settings: dict[str, Any] = field(default_factory=dict)
     adapter: Path | None = None  # a trained adapter dir, loaded into the arm's server and played
+    rules: tuple[Any, ...] = ()  # RuleSpecs played on top of the policy (e.g. the ones a run kept)
 
 
 def evaluate_arms(
@@ -68,6 +69,8 @@ def evaluate_arms(
         return policy.model_copy(update={"rules": (RuleSpec(name="no-repeat", no_repeat=True),)})
 
     def with_adapter(policy: Any, arm: Arm) -> Any:
+        if arm.rules:
+            policy = policy.model_copy(update={"rules": (*policy.rules, *arm.rules)})
         if arm.adapter is None:
             return policy
         sha = adapter_sha256(arm.adapter)

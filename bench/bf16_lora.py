@@ -15,6 +15,10 @@ with the first arm (the fp32 adapter).
 
     .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 bfloat16]
     .venv/bin/python bench/bf16_lora.py --work DIR --test 100 --no-base   # the same adapters, more tasks
+    .venv/bin/python bench/bf16_lora.py --work DIR --dtypes float32 --no-base --rules-from RUN_DATA_DIR
+
+`--rules-from` a run's data dir adds the rules that run promoted, alone and under each
+adapter: does the adapter help the policy the loop kept, where its gate plays it?
 
 Writes bench/results/bf16_lora.json and prints the table.
 """
@@ -73,6 +77,18 @@ def train(dataset: Path, dtype: str, out: Path) -> dict[str, object]:
     return row
 
 
+def kept_rules(data_dir: Path) -> tuple[object, ...]:
+    """The rules a run's library holds as promoted (what its champion plays)."""
+    from ratchet.skills.format import load
+
+    found = [load(d) for d in sorted((data_dir / "skills").iterdir()) if (d / "SKILL.md").is_file()]
+    rules = tuple(s.rule_spec() for s in found if s.kind == "rule" and s.status == "promoted")
+    if not rules:
+        raise SystemExit(f"{data_dir / 'skills'} holds no promoted rule")
+    print("kept rules:", ", ".join(r.name for r in rules), flush=True)
+    return rules
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", type=Path, default=DATASET, help="an exported dataset (.jsonl.gz)")
@@ -83,6 +99,7 @@ def main() -> None:
     p.add_argument("--name", default="bf16_lora")
     p.add_argument("--work", type=Path, help="a previous run's work dir: reuse its adapters (more --test)")
     p.add_argument("--base", action=argparse.BooleanOptionalAction, default=True, help="play the base too")
+    p.add_argument("--rules-from", type=Path, help="a run's data dir: also play the rules it promoted")
     args = p.parse_args()
     from ratchet.runtime_env import stop_on_signals
 
@@ -100,6 +117,13 @@ def main() -> None:
         arms = {f"lora {t['dtype']}": Arm(url, adapter=work / f"adapter-{t['dtype']}") for t in trained}
         if args.base:
             arms["base"] = Arm(url)
+        if args.rules_from:
+            rules = kept_rules(args.rules_from)
+            arms["kept rules"] = Arm(url, rules=rules)
+            for t in trained:
+                arms[f"kept rules + lora {t['dtype']}"] = Arm(
+                    url, adapter=work / f"adapter-{t['dtype']}", rules=rules
+                )
         shutil.rmtree(work / "eval", ignore_errors=True)  # a fresh evaluation, never a resumed one
         family = evaluate_arms(FAMILY, arms, work / "eval", args.test, args.concurrency, policies=("base",))
         served = served_dtype(url)
