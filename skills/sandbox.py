@@ -167,6 +167,13 @@ class SandboxResult:
     output: str = ""  # what the tool printed, capped at MAX_OUTPUT_CHARS
 
 
+# CPython 3.11 keeps the AST converter's recursion counter in interpreter-wide state: two
+# threads building ASTs at once can corrupt it (python/cpython#106905). Seen here as
+# "SystemError: AST constructor recursion depth mismatch" when rollouts validated tool code in
+# parallel, failing a legitimate tool call. One parse at a time; a parse takes microseconds.
+_parse_lock = threading.Lock()
+
+
 def validate_tool_code(source: str, entry: str = "run") -> None:
     """Refuse code that reaches past pure computation; raises `UnsafeCodeError`."""
     if len(source) > MAX_SOURCE_CHARS:
@@ -175,7 +182,8 @@ def validate_tool_code(source: str, entry: str = "run") -> None:
             "split it into smaller tools",
         )
     try:
-        tree = ast.parse(source)
+        with _parse_lock:
+            tree = ast.parse(source)
     except SyntaxError as exc:
         raise UnsafeCodeError(f"tool code line {exc.lineno}: does not parse ({_one_line(exc.msg)})") from None
     except ValueError as exc:  # e.g. null bytes

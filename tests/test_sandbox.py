@@ -443,3 +443,35 @@ def test_a_tool_runs_when_the_process_holds_over_a_thousand_descriptors() -> Non
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_tool_code_is_parsed_one_thread_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollouts validate tool code in parallel threads, and CPython 3.11's AST builder is not
+    safe to run in two at once (a spurious SystemError failed a real tool call)."""
+    import ast
+    import threading
+    import time
+
+    real, inside, most = ast.parse, [0], [0]
+    count = threading.Lock()
+
+    def slow_parse(source: str, *args: object, **kwargs: object) -> ast.Module:
+        with count:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)  # wide enough for every other thread to try to enter
+        try:
+            return real(source)
+        finally:
+            with count:
+                inside[0] -= 1
+
+    monkeypatch.setattr(sandbox.ast, "parse", slow_parse)
+    threads = [
+        threading.Thread(target=validate_tool_code, args=("def run(x):\n    return x\n",)) for _ in range(6)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
