@@ -7,7 +7,8 @@ once per arm. An arm is a server URL plus settings overrides. Per arm: test succ
 tokens sent, tokens the server prefilled after its prefix cache, its prefill and busy seconds
 (the engine's clocks, `/health`) and wall time. Every arm after the first is compared with the
 first: repairs, regressions, and the exact one-sided p of a gain and of a loss. An arm may
-also carry a LoRA adapter (`bf16_lora`: adapters trained in two formats, served side by side).
+also carry a LoRA adapter and rules of its own (`bf16_lora`: adapters trained in different
+formats, alone and under a run's kept rules, on one server).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def evaluate_arms(
     from ratchet.flows.runtime import open_runtime
     from ratchet.runtime_env import prepare_environment
     from ratchet.server.launcher import ensure_adapter
-    from ratchet.training.registry import adapter_sha256
+    from ratchet.training.registry import adapter_sha256, served_name
     from ratchet.types import RuleSpec
 
     settings = load_settings(
@@ -68,14 +69,15 @@ def evaluate_arms(
             return policy
         return policy.model_copy(update={"rules": (RuleSpec(name="no-repeat", no_repeat=True),)})
 
-    def with_adapter(policy: Any, arm: Arm) -> Any:
+    def for_arm(policy: Any, arm: Arm) -> Any:
+        """`policy` plus the arm's own rules and adapter (loaded into the arm's server)."""
         if arm.rules:
             policy = policy.model_copy(update={"rules": (*policy.rules, *arm.rules)})
         if arm.adapter is None:
             return policy
         sha = adapter_sha256(arm.adapter)
-        ensure_adapter(arm.url, f"adapter-{sha[:12]}", arm.adapter)
-        return policy.model_copy(update={"adapter": f"adapter-{sha[:12]}", "adapter_hash": sha})
+        ensure_adapter(arm.url, served_name(sha), arm.adapter)
+        return policy.model_copy(update={"adapter": served_name(sha), "adapter_hash": sha})
 
     @flow(name="paired-arms", validate_parameters=False)
     def one_family() -> dict[str, Any]:
@@ -87,7 +89,7 @@ def evaluate_arms(
             for arm_name, arm in arms.items():
                 arm_settings = settings.model_copy(update=arm.settings)
                 with open_runtime(arm_settings, arm.url) as rt:
-                    policy = with_adapter(with_rules(rt.base_policy(), name), arm)
+                    policy = for_arm(with_rules(rt.base_policy(), name), arm)
                     before, started = server_stats(arm.url), time.perf_counter()
                     report = evaluate_stage(rt, generation, policy).report
                     wall = time.perf_counter() - started

@@ -1,19 +1,20 @@
-"""LoRA training with the frozen base in bf16 against fp32: as fast as it looks, and as good?
+"""LoRA training in bf16 against fp32: as fast as it looks, and as good?
 
-The fine-tune stage trains its adapter with the base in the run's number format (`model.dtype`;
-`auto` is bf16 where the CPU has bf16 units). bench/lora_step.py times one optimizer step;
-this measures what a generation pays and gets: the whole training on one real dataset in each
-format (wall time, steps, final loss), then the adapters side by side on held-out tasks.
+Where `model.dtype` means bf16 (`auto` on a CPU with bf16 units) the fine-tune stage trains
+under bf16 autocast. bench/lora_step.py times one optimizer step; this measures what a
+generation pays and gets: the whole training on one real dataset in each way (`--dtypes`:
+`float32`; `autocast`, an fp32 base with bf16 products; `bfloat16`, the whole base in bf16),
+wall time, steps and loss, then the adapters side by side on held-out tasks.
 
 The dataset is the one the three-generation bf16 headline trained on in its last generation
 (bench/data/coin_headline_dataset.jsonl.gz: 156 examples from 42 coin successes, the format the
 fine-tune stage exports), so both formats learn exactly the same examples in the same order.
 Evaluation: one embedded server (`--serve-dtype`, default this machine's `auto`), the real
-`evaluate` stage, greedy, on the first `--test` coin test tasks; arms base, adapter trained in
-fp32, adapter trained in bf16, same tasks and seeds (bench/_paired.py), compared task by task
-with the first arm (the fp32 adapter).
+`evaluate` stage, greedy, on the first `--test` coin test tasks; one arm per adapter, then the
+base model, same tasks and seeds (bench/_paired.py), compared task by task with the first arm
+(the fp32 adapter).
 
-    .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 bfloat16]
+    .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 autocast bfloat16]
     .venv/bin/python bench/bf16_lora.py --work DIR --test 100 --no-base   # the same adapters, more tasks
     .venv/bin/python bench/bf16_lora.py --work DIR --dtypes float32 --no-base --rules-from RUN_DATA_DIR
 
@@ -41,6 +42,7 @@ from _paired import Arm, evaluate_arms, table, write_result  # noqa: E402
 
 DATASET = ROOT / "bench" / "data" / "coin_headline_dataset.jsonl.gz"
 FAMILY = "textworld-express:coin"
+DTYPES = ("float32", "autocast", "bfloat16")  # the first is the arm the others are compared with
 
 
 def train(dataset: Path, dtype: str, out: Path) -> dict[str, object]:
@@ -92,7 +94,7 @@ def kept_rules(data_dir: Path) -> tuple[object, ...]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", type=Path, default=DATASET, help="an exported dataset (.jsonl.gz)")
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     p.add_argument("--serve-dtype", default="auto", help="the evaluation server's format")
     p.add_argument("--test", type=int, default=30, help="held-out coin test tasks")
     p.add_argument("--concurrency", type=int, default=8)

@@ -1,7 +1,7 @@
 """Seconds per LoRA optimizer step and peak memory: ratchet's trainer vs a plain peft loop.
 
     .venv/bin/python bench/lora_step.py [--steps 6] [--rounds 2] [--batch 8]
-        [--methods plain ratchet ratchet_bf16]
+        [--methods plain ratchet ratchet_bf16 ratchet_autocast]
 
 Both train the same LoRA config (finetune.lora defaults: r=16 on q,k,v,o) on the same batch
 of real training examples (coin expert trajectories replayed into the actor's prompts).
@@ -12,10 +12,11 @@ of real training examples (coin expert trajectories replayed into the actor's pr
 * ratchet: `training.lora.accumulate` — the same examples one at a time without padding
   (causal-only attention takes the flash kernel), gradients accumulated, the projection only
   on the labelled positions;
-* ratchet_bf16: the same loop with the frozen base in bf16 (the adapter stays fp32), what
-  the fine-tune stage does where the CPU has bf16 units (`model.dtype = "auto"`);
+* ratchet_bf16: the same loop with the whole frozen base in bf16 (the adapter stays fp32);
+  as fast, but it loses held-out tasks (bench/bf16_lora.py), so the stage does not use it;
 * ratchet_autocast: the same loop with an fp32 base, its matrix products in bf16 under
-  torch.autocast (norms, residual stream and weights stay fp32).
+  torch.autocast (norms, residual stream and weights stay fp32): what the fine-tune stage
+  does where the CPU has bf16 units (`model.dtype = "auto"`).
 
 The batch is the `--batch` examples nearest the median length (not the longest: with a mask,
 the plain loop keeps every layer's full attention matrix, and 8 examples of ~1.5k tokens

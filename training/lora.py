@@ -237,8 +237,9 @@ def fit_adapter(
     dtype: Precision = "float32",
     autocast: bool = False,
 ) -> tuple[TrainResult, int]:
-    """Encode `examples` for the shipped model and train an adapter into `out_dir`, the frozen
-    base in `dtype` ("float32" or "bfloat16", see the module docstring).
+    """Encode `examples` for the shipped model and train an adapter into `out_dir`: the frozen
+    base loaded in `dtype`, the forward under bf16 `autocast` or not (the module docstring
+    says which the fine-tune stage uses, and why not a bf16 base).
 
     Returns the result and how many examples were dropped as longer than `cfg.max_tokens`."""
     from ratchet.server.weights import ensure_hf_copy

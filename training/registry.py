@@ -39,6 +39,11 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 CHAMPION = "champion"
 
 
+def served_name(sha256: str) -> str:
+    """The name a model server knows an adapter by (content-addressed: no two adapters share one)."""
+    return f"adapter-{sha256[:12]}"
+
+
 def adapter_sha256(adapter_dir: Path) -> str:
     """sha256 over the files that define an adapter (config and weights), in a fixed order."""
     h = hashlib.sha256()
@@ -78,7 +83,7 @@ class AdapterVersion:
     @property
     def served_name(self) -> str:
         """The name the model server knows it by (content-addressed: no two adapters share one)."""
-        return f"adapter-{self.sha256[:12]}"
+        return served_name(self.sha256)
 
     @property
     def name(self) -> str:
