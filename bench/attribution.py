@@ -1,7 +1,7 @@
 """Attribution accuracy: does the contrastive attributor name the step that broke a success?
 
 Successful trajectories come from TextWorldExpress gold paths played in the real env (TWX's
-gold generator is random, so several resets of one seed can give different paths). Each
+gold generator is random: several draws for one seed give different paths, `gold_draws`). Each
 step of each success is replaced by a different valid action at that state, the rest of
 the original actions is replayed (an action that is now invalid is recorded as a step with
 `error` set and the episode goes on, as in an agent's record), and the replays that now
@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from ratchet.agents.actor import join_options  # noqa: E402
 from ratchet.diagnosis.attribution import SuccessTree  # noqa: E402
 from ratchet.suites.base import ActionError, Episode  # noqa: E402
+from ratchet.suites.textworld_express import TextWorldExpressEpisode  # noqa: E402
 from ratchet.types import Attribution, Step, Task, ToolCall, Trajectory  # noqa: E402
 
 SETTINGS = ("all", "leave-out")
@@ -116,18 +117,9 @@ def play(
     return traj, injected, False
 
 
-def gold_paths(episode: Episode, n: int) -> list[list[str]]:
-    """Up to n distinct gold paths of the episode's task (one per reset, deduplicated)."""
-    seen: list[list[str]] = []
-    for _ in range(n):
-        episode.reset()
-        expert = episode.expert_actions()
-        if not expert:
-            continue
-        path = [c.args["action"] for c in expert]
-        if path not in seen:
-            seen.append(path)
-    return seen
+def gold_paths(episode: TextWorldExpressEpisode, n: int) -> list[list[str]]:
+    """Up to n distinct gold paths of the episode's task, as TWX draws them (at random)."""
+    return episode.gold_draws(n)
 
 
 @dataclass
@@ -158,7 +150,7 @@ class Case:
 
 
 def run_task(
-    episode: Episode, task: Task, n_paths: int, steps_per_path: int, rng: random.Random
+    episode: TextWorldExpressEpisode, task: Task, n_paths: int, steps_per_path: int, rng: random.Random
 ) -> tuple[list[Trajectory], list[Case], dict[str, int]]:
     """Successes of one task, and the failing mutations of each, attributed both ways."""
     successes: list[Trajectory] = []

@@ -134,7 +134,7 @@ def main() -> None:
     summary = {
         m: {
             "sec_per_step": statistics.median(x["sec_per_step"] for x in rs),
-            # batches differ a little between processes (coin's gold paths are random per process)
+            # batches may differ a little between processes (sampled rollouts)
             "tok_per_s": statistics.median(x["tokens_per_batch"] / x["sec_per_step"] for x in rs),
             "peak_rss_mb": max(x["peak_rss_mb"] for x in rs),
         }

@@ -210,12 +210,11 @@ def experts_pass(suite: Suite, n: int) -> str:
 
 
 def _reference_fails(suite: Suite, task: Task) -> bool:
-    """Why did `run_expert` give nothing? Play a fresh draw of the reference solution to its
-    end: True if a plan that fits the task's step budget is refused or ends without success.
+    """Why did `run_expert` give nothing? Play the reference solution to its end: True if a
+    plan that fits the task's step budget is refused or ends without success.
 
-    A plan longer than the budget is not the suite's fault: TextWorldExpress draws its gold
-    path at random at every reset, and about one draw in 40 on coin is longer than the 15
-    steps a task allows, so the expert stops short of the win."""
+    A plan longer than the budget is not the suite's fault: a suite may know only a long
+    reference solution, and the expert stops short of the win."""
     with suite.episode(task) as episode:
         episode.reset()
         plan = episode.expert_actions()

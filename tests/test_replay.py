@@ -214,8 +214,22 @@ def test_no_replay_when_it_is_off_or_decoding_samples(tmp_path: Path, change: di
 # ------------------------------------------------------------------ the real engine
 
 
+@pytest.fixture(scope="module")
+def float32_server(base_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server of its own in float32: the comparison below is call for call, so it needs an
+    engine that answers one prompt the same way whether its prefix was cached or not. In bf16
+    a prefix prefilled in another shape rounds differently, and a near-tie can flip (this test
+    failed twice in full runs on the bf16 session server, whose prefix cache other tests had
+    filled, and never alone). The gate tolerates such noise as it tolerates sampling; this
+    test cannot."""
+    from ratchet.server.launcher import EmbeddedServer
+
+    with EmbeddedServer(base_model_dir.parent, tmp_path_factory.mktemp("f32"), dtype="float32") as url:
+        yield url
+
+
 @pytest.mark.integration
-def test_every_replayed_arm_is_what_the_embedded_model_plays(embedded_server: str) -> None:
+def test_every_replayed_arm_is_what_the_embedded_model_plays(float32_server: str) -> None:
     """Play the champion on coin tasks, then each rule on the same tasks and seeds; wherever
     the replay says a rule changes no call, the rule's real rollout must be the baseline's,
     call for call, with the firings the replay predicted. Rules are chosen to fire while
@@ -229,7 +243,7 @@ def test_every_replayed_arm_is_what_the_embedded_model_plays(embedded_server: st
 
     suite = get_suite("textworld-express:coin")
     try:
-        actor = build_actor(chat_model(embedded_server, BASE_MODEL_NAME))
+        actor = build_actor(chat_model(float32_server, BASE_MODEL_NAME))
         champion = Policy(model=BASE_MODEL_NAME)
         settings = ActorSettings(max_steps=8, seed=11)
         checked = fired = 0

@@ -77,7 +77,7 @@ def test_twx_expert_path_solves_coin(twx: TextWorldExpressSuite) -> None:
             assert "Valid actions" not in first.observation
             assert not first.done and not first.success
             expert = ep.expert_actions()
-            assert expert, "TWX generates a gold path at reset"
+            assert expert, "every coin and twc task has a reference path"
             result = None
             for i, call in enumerate(expert):
                 assert ep.expert_actions() == expert[i:]
@@ -87,6 +87,38 @@ def test_twx_expert_path_solves_coin(twx: TextWorldExpressSuite) -> None:
             assert result is not None and result.done and result.success
             assert result.score == 1.0
             assert ep.valid_actions() == []
+
+
+@pytest.mark.integration
+@needs_java
+def test_twx_reference_path_is_the_shortest_draw_and_the_same_in_every_process(
+    twx: TextWorldExpressSuite,
+) -> None:
+    """TWX draws its gold paths at random (coin: 3 moves or a wander of up to 23); the expert
+    and the gold baseline must not depend on the draw, nor on which suite asks."""
+    fresh = TextWorldExpressSuite(["coin", "mapreader", "sorting"])  # own JVMs and cache: a new process
+    try:
+        for task in twx.tasks("train", 3):
+            with twx.episode(task) as ep:
+                ep.reset()
+                ours = [c.args["action"] for c in ep.expert_actions() or []]
+                draws = ep.gold_draws(12)
+            assert ours and draws
+            assert len(ours) <= min(len(d) for d in draws), (task.id, ours, draws)
+            with fresh.episode(task) as ep:  # asked for mid-episode: found, then the game put back
+                ep.reset()
+                ep.step(_act(ours[0]))
+                rest = ep.expert_actions() or []
+                assert [c.args["action"] for c in rest] == ours[1:]
+                results = [ep.step(call) for call in rest]
+                assert results[-1].done and results[-1].success
+        # mapreader's reading of the map leaves the state as it was, but it is no detour
+        task = next(t for t in twx.tasks("train", 1) if t.subset == "mapreader")
+        with twx.episode(task) as ep:
+            ep.reset()
+            assert "read map" in [c.args["action"] for c in ep.expert_actions() or []]
+    finally:
+        fresh.close()
 
 
 @pytest.mark.integration
