@@ -1,10 +1,12 @@
-"""LoRA training in bf16 against fp32: as fast as it looks, and as good?
+"""Ways to train the LoRA adapter side by side: as fast as they look, and as good?
 
 Where `model.dtype` means bf16 (`auto` on a CPU with bf16 units) the fine-tune stage trains
-under bf16 autocast. bench/lora_step.py times one optimizer step; this measures what a
-generation pays and gets: the whole training on one real dataset in each way (`--dtypes`:
-`float32`; `autocast`, an fp32 base with bf16 products; `bfloat16`, the whole base in bf16),
-wall time, steps and loss, then the adapters side by side on held-out tasks.
+under bf16 autocast, each batch as a prefix tree (training/prefix_tree.py). bench/lora_step.py
+times one optimizer step; this measures what a generation pays and gets: the whole training
+on one real dataset in each way (`--dtypes`: `float32`; `autocast`, an fp32 base with bf16
+products; `bfloat16`, the whole base in bf16; each of them `/per-example` for the loop that
+runs every example's whole prompt, the way before the prefix tree), wall time, steps, loss
+and the tokens run through the model, then the adapters side by side on held-out tasks.
 
 The dataset is the one the three-generation bf16 headline trained on in its last generation
 (bench/data/coin_headline_dataset.jsonl.gz: 156 examples from 42 coin successes, the format the
@@ -15,6 +17,7 @@ base model, same tasks and seeds (bench/_paired.py), compared task by task with 
 (the fp32 adapter).
 
     .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 autocast bfloat16]
+    .venv/bin/python bench/bf16_lora.py --dtypes autocast autocast/per-example --no-base --test 100
     .venv/bin/python bench/bf16_lora.py --work DIR --test 100 --no-base   # the same adapters, more tasks
     .venv/bin/python bench/bf16_lora.py --work DIR --dtypes float32 --no-base --rules-from RUN_DATA_DIR
 
@@ -43,9 +46,14 @@ from _paired import Arm, evaluate_arms, table, write_result  # noqa: E402
 DATASET = ROOT / "bench" / "data" / "coin_headline_dataset.jsonl.gz"
 FAMILY = "textworld-express:coin"
 DTYPES = ("float32", "autocast", "bfloat16")  # the first is the arm the others are compared with
+WAYS = (*DTYPES, *(f"{d}/per-example" for d in DTYPES))
 
 
-def train(dataset: Path, dtype: str, out: Path) -> dict[str, object]:
+def adapter_dir(work: Path, way: str) -> Path:
+    return work / f"adapter-{way.replace('/', '-')}"
+
+
+def train(dataset: Path, way: str, out: Path) -> dict[str, object]:
     """Train one adapter on the whole dataset with the default LoRA settings (or take the one a
     previous run of this bench left in `out`, with its record)."""
     record = out.with_name(f"{out.name}.json")
@@ -57,17 +65,27 @@ def train(dataset: Path, dtype: str, out: Path) -> dict[str, object]:
 
     data = Dataset.read_openai_jsonl(gzip.decompress(dataset.read_bytes()).decode(), dataset.name)
     cfg = load_settings({}).finetune.lora
+    dtype, _, loop = way.partition("/")
     base = "float32" if dtype == "autocast" else dtype
     models = ROOT / ".ratchet" / "models"
-    result, too_long = fit_adapter(models, data.examples, out, cfg, dtype=base, autocast=dtype == "autocast")
+    result, too_long = fit_adapter(
+        models,
+        data.examples,
+        out,
+        cfg,
+        dtype=base,
+        autocast=dtype == "autocast",
+        shared_prefixes=loop != "per-example",
+    )
     last_epoch = result.losses[-(result.steps // cfg.epochs) :]
     row = {
-        "dtype": dtype,
+        "dtype": way,
         "dataset_version": data.version,
         "examples": result.examples,
         "too_long": too_long,
         "steps": result.steps,
         "tokens": result.tokens,
+        "model_tokens": result.model_tokens,
         "wall_s": round(result.wall_seconds, 1),
         "sec_per_step": round(result.wall_seconds / result.steps, 2),
         "first_loss": round(result.losses[0], 4),
@@ -94,7 +112,7 @@ def kept_rules(data_dir: Path) -> tuple[object, ...]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", type=Path, default=DATASET, help="an exported dataset (.jsonl.gz)")
-    p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
+    p.add_argument("--dtypes", nargs="+", choices=WAYS, default=list(DTYPES), help="ways to train")
     p.add_argument("--serve-dtype", default="auto", help="the evaluation server's format")
     p.add_argument("--test", type=int, default=30, help="held-out coin test tasks")
     p.add_argument("--concurrency", type=int, default=8)
@@ -114,9 +132,9 @@ def main() -> None:
     ensure_hf_copy(ROOT / ".ratchet" / "models")
     work = args.work or Path(tempfile.mkdtemp(prefix="ratchet-bf16-lora-"))
     print(f"work dir: {work}", flush=True)
-    trained = [train(args.dataset, dtype, work / f"adapter-{dtype}") for dtype in args.dtypes]
+    trained = [train(args.dataset, way, adapter_dir(work, way)) for way in args.dtypes]
     with EmbeddedServer(ROOT / ".ratchet" / "models", work / "server", dtype=args.serve_dtype) as url:
-        arms = {f"lora {t['dtype']}": Arm(url, adapter=work / f"adapter-{t['dtype']}") for t in trained}
+        arms = {f"lora {t['dtype']}": Arm(url, adapter=adapter_dir(work, str(t["dtype"]))) for t in trained}
         if args.base:
             arms["base"] = Arm(url)
         if args.rules_from:
@@ -124,16 +142,17 @@ def main() -> None:
             arms["kept rules"] = Arm(url, rules=rules)
             for t in trained:
                 arms[f"kept rules + lora {t['dtype']}"] = Arm(
-                    url, adapter=work / f"adapter-{t['dtype']}", rules=rules
+                    url, adapter=adapter_dir(work, str(t["dtype"])), rules=rules
                 )
         shutil.rmtree(work / "eval", ignore_errors=True)  # a fresh evaluation, never a resumed one
         family = evaluate_arms(FAMILY, arms, work / "eval", args.test, args.concurrency, policies=("base",))
         served = served_dtype(url)
     first = next(iter(arms))
-    print("| trained in | steps | wall | s/step | final loss | mean loss, last epoch |")
-    print("|---|---|---|---|---|---|")
+    print("| trained | steps | tokens run | wall | s/step | final loss | mean loss, last epoch |")
+    print("|---|---|---|---|---|---|---|")
     for t in trained:
-        cells = [t["dtype"], t["steps"], f"{t['wall_s']:.0f} s", t["sec_per_step"], t["final_loss"]]
+        run = t.get("model_tokens", t["tokens"])
+        cells = [t["dtype"], t["steps"], run, f"{t['wall_s']:.0f} s", t["sec_per_step"], t["final_loss"]]
         print("| " + " | ".join(map(str, [*cells, t["mean_last_epoch_loss"]])) + " |")
     print(table([family], first))
     write_result(

@@ -160,6 +160,7 @@ def _train(
                     "finetune_examples": float(trained.examples),
                     "finetune_too_long": float(too_long),
                     "finetune_tokens": float(trained.tokens),
+                    "finetune_model_tokens": float(trained.model_tokens),
                     "finetune_final_loss": trained.losses[-1],
                 }
             )

@@ -1,14 +1,18 @@
 """LoRA training with peft on the shipped model, on CPU.
 
 The base weights are the plain HF copy the embedded server also uses (server.weights:
-dequantized from the shipped GGUF once, cached under the models dir). Two things make a
-step cheaper than the textbook `model(..., labels=...)` loop, measured in bench/lora_step.py:
+dequantized from the shipped GGUF once, cached under the models dir). Three things make a
+step cheaper than the textbook `model(..., labels=...)` loop, measured in bench/lora_step.py
+and bench/bf16_lora.py:
 
 * no padding: a batch is its examples one at a time, gradients accumulated. A padded batch
   needs an attention mask, and with a mask PyTorch's CPU attention falls back to the kernel
   that keeps every layer's full attention matrix for the backward pass (8 examples of ~1k
   tokens: ~10 GB, which killed a 24 GB machine); one unpadded sequence is causal-only and
   takes the flash kernel, whose memory grows linearly with length;
+* shared prompt tokens run once per batch: the examples are one per model call, and the
+  calls of an episode repeat its system prompt, task and older turns, so a batch is trained
+  as a prefix tree (training/prefix_tree.py), with the per-example loop's gradient;
 * the vocabulary projection runs only on the positions that carry a label (the model's own
   turns), not on every prompt token: with a 49k vocabulary that projection and its fp32
   logits are a large share of a step's time and memory on a 135M model.
@@ -43,8 +47,7 @@ from ratchet.config import LoraSettings
 from ratchet.files import atomic_dir
 from ratchet.server.precision import Precision, resolve
 from ratchet.training.examples import ChatExample
-
-IGNORE = -100
+from ratchet.training.prefix_tree import IGNORE, backward_tree, build
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class TrainResult:
     wall_seconds: float = 0.0
     examples: int = 0
     target_tokens: int = 0
-    tokens: int = 0
+    tokens: int = 0  # the examples' tokens, summed over epochs
+    model_tokens: int = 0  # tokens run through the model: shared prefixes once per batch
 
 
 def encode(example: ChatExample, tokenizer: Any) -> Encoded:
@@ -155,14 +159,20 @@ def target_loss(model: Any, ids: Any, labels: Any, mask: Any = None, reduction: 
     return F.cross_entropy(logits.float(), shifted[keep], reduction=reduction)
 
 
-def accumulate(model: Any, batch: Sequence[Encoded], autocast: bool = False) -> float:
-    """Backward the batch's mean target-token loss, one unpadded example at a time; returns it.
+def accumulate(
+    model: Any, batch: Sequence[Encoded], autocast: bool = False, shared_prefixes: bool = True
+) -> float:
+    """Backward the batch's mean target-token loss; returns it.
 
-    `autocast`: the forward's matrix products in bf16 (torch.autocast), weights, norms and the
-    residual stream in fp32."""
+    `shared_prefixes`: the batch as a prefix tree, each distinct prefix run once
+    (training/prefix_tree.py); else one unpadded example at a time, the loop the tree is
+    checked against. `autocast`: the forward's matrix products in bf16 (torch.autocast),
+    weights, norms and the residual stream in fp32."""
     import torch
 
     learned = sum(sum(1 for x in e.labels if x != IGNORE) for e in batch)
+    if shared_prefixes:
+        return backward_tree(model, build(batch), learned, autocast) / learned
     total = 0.0
     for e in batch:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -179,10 +189,12 @@ def train_lora(
     cfg: LoraSettings,
     on_step: Callable[[int, int, float], None] | None = None,
     autocast: bool = False,
+    shared_prefixes: bool = True,
 ) -> TrainResult:
     """Train `model`'s LoRA layers on `data` and save the adapter to `out_dir` (atomically).
 
-    `on_step(step, total, loss)` is called after every optimizer step (progress, MLflow)."""
+    `on_step(step, total, loss)` is called after every optimizer step (progress, MLflow).
+    `shared_prefixes=False` only for benches: the per-example loop, same batches."""
     import torch
 
     if not data:
@@ -199,13 +211,18 @@ def train_lora(
     )
     result = TrainResult(out_dir, total, examples=len(data))
     result.tokens = cfg.epochs * sum(len(e.input_ids) for e in data)
+    result.model_tokens = sum(
+        sum(r.tokens() for r in build(b)) if shared_prefixes else sum(len(e.input_ids) for e in b)
+        for epoch in plan
+        for b in epoch
+    )
     result.target_tokens = cfg.epochs * sum(sum(1 for x in e.labels if x != IGNORE) for e in data)
     started = time.perf_counter()
     model.train()
     step = 0
     for epoch in plan:
         for batch in epoch:
-            loss = accumulate(model, batch, autocast)
+            loss = accumulate(model, batch, autocast, shared_prefixes)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {step}; lower finetune.lora.lr")
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -236,6 +253,7 @@ def fit_adapter(
     on_step: Callable[[int, int, float], None] | None = None,
     dtype: Precision = "float32",
     autocast: bool = False,
+    shared_prefixes: bool = True,
 ) -> tuple[TrainResult, int]:
     """Encode `examples` for the shipped model and train an adapter into `out_dir`: the frozen
     base loaded in `dtype`, the forward under bf16 `autocast` or not (the module docstring
@@ -252,4 +270,4 @@ def fit_adapter(
         raise ValueError(
             f"all {len(examples)} examples are longer than finetune.lora.max_tokens={cfg.max_tokens}"
         )
-    return train_lora(model, data, out_dir, cfg, on_step, autocast), too_long
+    return train_lora(model, data, out_dir, cfg, on_step, autocast, shared_prefixes), too_long
