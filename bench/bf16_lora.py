@@ -4,10 +4,10 @@ Where `model.dtype` means bf16 (`auto` on a CPU with bf16 units) the fine-tune s
 under bf16 autocast, each batch as a prefix tree (training/prefix_tree.py). bench/lora_step.py
 times one optimizer step; this measures what a generation pays and gets: the whole training
 on one real dataset in each way (`--dtypes`: `float32`; `autocast`, an fp32 base with bf16
-products; `bfloat16`, the whole base in bf16; each of them `/before` for the way the stage
-trained until 2026-12-02: every example's whole prompt run, shuffled batches, LoRA dropout
-0.05), wall time, steps, loss and the tokens run through the model, then the adapters side
-by side on held-out tasks.
+products; `bfloat16`, the whole base in bf16; each of them `/before` for the loop the stage
+ran until 2026-12-02, every example's whole prompt, instead of the prefix tree), wall time,
+steps, loss and the tokens run through the model, then the adapters side by side on
+held-out tasks.
 
 The dataset is the one the three-generation bf16 headline trained on in its last generation
 (bench/data/coin_headline_dataset.jsonl.gz: 156 examples from 42 coin successes, the format the
@@ -67,8 +67,6 @@ def train(dataset: Path, way: str, out: Path) -> dict[str, object]:
     data = Dataset.read_openai_jsonl(gzip.decompress(dataset.read_bytes()).decode(), dataset.name)
     cfg = load_settings({}).finetune.lora
     dtype, _, before = way.partition("/")
-    if before:
-        cfg = cfg.model_copy(update={"batches": "shuffled", "dropout": 0.05})
     base = "float32" if dtype == "autocast" else dtype
     models = ROOT / ".ratchet" / "models"
     result, too_long = fit_adapter(

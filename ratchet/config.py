@@ -232,20 +232,13 @@ class LoraSettings(Section):
 
     rank: int = Field(default=16, ge=1, description="LoRA rank r")
     alpha: int = Field(default=32, ge=1, description="LoRA scaling alpha (effective scale alpha/r)")
-    dropout: float = Field(
-        default=0.0, ge=0, lt=1, description="LoRA dropout (its masks cost ~10% of a CPU step: off)"
-    )
+    dropout: float = Field(default=0.05, ge=0, lt=1)
     targets: tuple[str, ...] = Field(
         default=("q_proj", "k_proj", "v_proj", "o_proj"), min_length=1, description="modules to adapt"
     )
     lr: float = Field(default=5e-4, gt=0, description="AdamW learning rate (linear decay to 0)")
     epochs: int = Field(default=3, ge=1)
     batch_size: int = Field(default=8, ge=1, description="examples per optimizer step")
-    batches: Literal["by_task", "shuffled"] = Field(
-        default="by_task",
-        description="by_task: a batch holds the calls of a few whole tasks, whose shared prompts "
-        "are run once (fewer tokens); shuffled: any calls together",
-    )
     max_tokens: int = Field(default=1024, ge=16, description="longer examples are dropped, not truncated")
     seed: int = Field(default=0)
 

@@ -79,17 +79,3 @@ def test_the_tree_gives_the_per_example_loss_and_gradient(base_model_dir: Path, 
     assert scale > 0
     worst = max(float((a - b).abs().max()) for a, b in zip(got, expected, strict=True))
     assert worst <= tol * scale * (10 if autocast else 1), (worst, scale)
-
-
-def test_batches_by_task_keep_each_tasks_calls_together_and_every_call_once() -> None:
-    from ratchet.training.lora import batches
-
-    data = [Encoded([i, t], [IGNORE, t], task=f"task {t}") for t in range(5) for i in range(3)]
-    for seed in range(3):
-        epoch = batches(data, 4, random.Random(seed), by_task=True)
-        order = [e for b in epoch for e in b]
-        assert sorted(map(id, order)) == sorted(map(id, data)) and all(len(b) <= 4 for b in epoch)
-        runs = [e.task for i, e in enumerate(order) if i == 0 or order[i - 1].task != e.task]
-        assert len(runs) == 5  # each task's calls form one run
-    firsts = {batches(data, 4, random.Random(s), by_task=True)[0][0].task for s in range(6)}
-    assert len(firsts) > 1  # the order of the tasks is shuffled
