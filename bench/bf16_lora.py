@@ -4,10 +4,9 @@ Where `model.dtype` means bf16 (`auto` on a CPU with bf16 units) the fine-tune s
 under bf16 autocast, each batch as a prefix tree (training/prefix_tree.py). bench/lora_step.py
 times one optimizer step; this measures what a generation pays and gets: the whole training
 on one real dataset in each way (`--dtypes`: `float32`; `autocast`, an fp32 base with bf16
-products; `bfloat16`, the whole base in bf16; each of them `/before` for the loop the stage
-ran until 2026-12-02, every example's whole prompt, instead of the prefix tree), wall time,
-steps, loss and the tokens run through the model, then the adapters side by side on
-held-out tasks.
+products; `bfloat16`, the whole base in bf16; each of them `/tree` to run each batch's
+shared prompt tokens once, `finetune.lora.shared_prefixes`), wall time, steps, loss and the
+tokens run through the model, then the adapters side by side on held-out tasks.
 
 The dataset is the one the three-generation bf16 headline trained on in its last generation
 (bench/data/coin_headline_dataset.jsonl.gz: 156 examples from 42 coin successes, the format the
@@ -18,7 +17,7 @@ base model, same tasks and seeds (bench/_paired.py), compared task by task with 
 (the fp32 adapter).
 
     .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 autocast bfloat16]
-    .venv/bin/python bench/bf16_lora.py --dtypes autocast/before autocast --no-base --test 100
+    .venv/bin/python bench/bf16_lora.py --dtypes autocast autocast/tree --no-base --test 100
     .venv/bin/python bench/bf16_lora.py --work DIR --test 100 --no-base   # the same adapters, more tasks
     .venv/bin/python bench/bf16_lora.py --work DIR --dtypes float32 --no-base --rules-from RUN_DATA_DIR
 
@@ -47,7 +46,7 @@ from _paired import Arm, evaluate_arms, table, write_result  # noqa: E402
 DATASET = ROOT / "bench" / "data" / "coin_headline_dataset.jsonl.gz"
 FAMILY = "textworld-express:coin"
 DTYPES = ("float32", "autocast", "bfloat16")  # the first is the arm the others are compared with
-WAYS = (*DTYPES, *(f"{d}/before" for d in DTYPES))
+WAYS = (*DTYPES, *(f"{d}/tree" for d in DTYPES))
 
 
 def adapter_dir(work: Path, way: str) -> Path:
@@ -66,7 +65,8 @@ def train(dataset: Path, way: str, out: Path) -> dict[str, object]:
 
     data = Dataset.read_openai_jsonl(gzip.decompress(dataset.read_bytes()).decode(), dataset.name)
     cfg = load_settings({}).finetune.lora
-    dtype, _, before = way.partition("/")
+    dtype, _, tree = way.partition("/")
+    cfg = cfg.model_copy(update={"shared_prefixes": bool(tree)})
     base = "float32" if dtype == "autocast" else dtype
     models = ROOT / ".ratchet" / "models"
     result, too_long = fit_adapter(
@@ -76,7 +76,6 @@ def train(dataset: Path, way: str, out: Path) -> dict[str, object]:
         cfg,
         dtype=base,
         autocast=dtype == "autocast",
-        shared_prefixes=not before,
     )
     last_epoch = result.losses[-(result.steps // cfg.epochs) :]
     row = {

@@ -11,9 +11,9 @@ of real training examples (coin expert trajectories replayed into the actor's pr
   49k vocabulary;
 * ratchet: `training.lora.accumulate` — the same examples one at a time without padding
   (causal-only attention takes the flash kernel), gradients accumulated, the projection only
-  on the labelled positions. Its per-example loop: this batch (one call from each of 8 tasks)
-  shares little but the system prompt, so the prefix tree the stage trains with is measured
-  on real batches by bench/bf16_lora.py;
+  on the labelled positions. This batch (one call from each of 8 tasks) shares little but
+  the system prompt, so the prefix tree (`finetune.lora.shared_prefixes`) is measured on
+  real batches by bench/bf16_lora.py;
 * ratchet_bf16: the same loop with the whole frozen base in bf16 (the adapter stays fp32);
   as fast, but it loses held-out tasks (bench/bf16_lora.py), so the stage does not use it;
 * ratchet_autocast: the same loop with an fp32 base, its matrix products in bf16 under
@@ -86,7 +86,7 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
         else:
-            loss = accumulate(model, data, autocast=method == "ratchet_autocast", shared_prefixes=False)
+            loss = accumulate(model, data, autocast=method == "ratchet_autocast")
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i:  # the first step warms up allocators and kernels
