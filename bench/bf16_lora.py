@@ -6,7 +6,9 @@ times one optimizer step; this measures what a generation pays and gets: the who
 on one real dataset in each way (`--dtypes`: `float32`; `autocast`, an fp32 base with bf16
 products; `bfloat16`, the whole base in bf16; each of them `/tree` to run each batch's
 shared prompt tokens once, `finetune.lora.shared_prefixes`), wall time, steps, loss and the
-tokens run through the model, then the adapters side by side on held-out tasks.
+tokens run through the model, then the adapters side by side on held-out tasks. A way may
+end in `@N` to train with LoRA seed N (batch order, dropout masks, initialization): the
+spread between seeds is what a difference between ways must beat.
 
 The dataset is the one the three-generation bf16 headline trained on in its last generation
 (bench/data/coin_headline_dataset.jsonl.gz: 156 examples from 42 coin successes, the format the
@@ -17,7 +19,7 @@ base model, same tasks and seeds (bench/_paired.py), compared task by task with 
 (the fp32 adapter).
 
     .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 autocast bfloat16]
-    .venv/bin/python bench/bf16_lora.py --dtypes autocast autocast/tree --no-base --test 100
+    .venv/bin/python bench/bf16_lora.py --dtypes autocast autocast/tree autocast@1 --no-base --test 100
     .venv/bin/python bench/bf16_lora.py --work DIR --test 100 --no-base   # the same adapters, more tasks
     .venv/bin/python bench/bf16_lora.py --work DIR --dtypes float32 --no-base --rules-from RUN_DATA_DIR
 
@@ -50,7 +52,15 @@ WAYS = (*DTYPES, *(f"{d}/tree" for d in DTYPES))
 
 
 def adapter_dir(work: Path, way: str) -> Path:
-    return work / f"adapter-{way.replace('/', '-')}"
+    return work / f"adapter-{way.replace('/', '-').replace('@', '-seed')}"
+
+
+def training_way(spec: str) -> str:
+    """`--dtypes` items: a way, optionally with `@seed`."""
+    way, _, seed = spec.partition("@")
+    if way not in WAYS or (seed and not seed.isdigit()):
+        raise argparse.ArgumentTypeError(f"{spec!r}: one of {', '.join(WAYS)}, optionally @SEED")
+    return spec
 
 
 def train(dataset: Path, way: str, out: Path) -> dict[str, object]:
@@ -65,8 +75,9 @@ def train(dataset: Path, way: str, out: Path) -> dict[str, object]:
 
     data = Dataset.read_openai_jsonl(gzip.decompress(dataset.read_bytes()).decode(), dataset.name)
     cfg = load_settings({}).finetune.lora
-    dtype, _, tree = way.partition("/")
-    cfg = cfg.model_copy(update={"shared_prefixes": bool(tree)})
+    spec, _, seed = way.partition("@")
+    dtype, _, tree = spec.partition("/")
+    cfg = cfg.model_copy(update={"shared_prefixes": bool(tree), "seed": int(seed or cfg.seed)})
     base = "float32" if dtype == "autocast" else dtype
     models = ROOT / ".ratchet" / "models"
     result, too_long = fit_adapter(
@@ -112,7 +123,7 @@ def kept_rules(data_dir: Path) -> tuple[object, ...]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", type=Path, default=DATASET, help="an exported dataset (.jsonl.gz)")
-    p.add_argument("--dtypes", nargs="+", choices=WAYS, default=list(DTYPES), help="ways to train")
+    p.add_argument("--dtypes", nargs="+", type=training_way, default=list(DTYPES), help="ways to train")
     p.add_argument("--serve-dtype", default="auto", help="the evaluation server's format")
     p.add_argument("--test", type=int, default=30, help="held-out coin test tasks")
     p.add_argument("--concurrency", type=int, default=8)
