@@ -165,11 +165,13 @@ def test_twx_concurrent_episodes_replay_identically(twx: TextWorldExpressSuite) 
     task = twx.load("textworld-express:mapreader:test:20001")
     results: dict[int, list[str]] = {}
     errors: list[BaseException] = []
+    both_hold_one = threading.Barrier(2)  # an episode is fast: make sure the two overlap
 
     def run(slot: int) -> None:
         try:
             rng = random.Random(7)  # same action choices in both threads
             with twx.episode(task) as ep:
+                both_hold_one.wait(timeout=300)
                 first = ep.reset()
                 trace = [first.observation + first.options]
                 for _ in range(8):
