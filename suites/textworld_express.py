@@ -300,14 +300,19 @@ def reference_path(env: TextWorldExpressEnv, game: Game, draws: int = REFERENCE_
     """
     best: list[str] | None = None
     for _ in range(draws):
-        env.reset(**game, generateGoldPath=True)
-        gold = [str(a) for a in env.getGoldActionSequence()]
-        if not gold or gold[0].startswith("ERROR"):
+        if (gold := draw_gold(env, game)) is None:
             continue
         path = _loop_erased(env, game, gold)
         if path is not None and (best is None or (len(path), path) < (len(best), best)):
             best = path
     return best
+
+
+def draw_gold(env: TextWorldExpressEnv, game: Game) -> list[str] | None:
+    """One of TWX's random gold paths for `game` (None where TWX reports an error)."""
+    env.reset(**game, generateGoldPath=True)
+    gold = [str(a) for a in env.getGoldActionSequence()]
+    return gold if gold and not gold[0].startswith("ERROR") else None
 
 
 def _state(infos: dict[str, Any]) -> tuple[str, str, float]:
@@ -494,9 +499,7 @@ class TextWorldExpressEpisode(Episode):
         self._broken = True
         paths: list[list[str]] = []
         for _ in range(n):
-            env.reset(**self._game, generateGoldPath=True)
-            gold = [str(a) for a in env.getGoldActionSequence()]
-            if gold and not gold[0].startswith("ERROR"):
+            if (gold := draw_gold(env, self._game)) is not None:
                 path = _winning_prefix(env, self._game, gold)
                 if path is not None and path not in paths:
                     paths.append(path)
