@@ -173,7 +173,11 @@ def stage_summary(out: Any) -> dict[str, Any]:
         }
     if isinstance(out, DistillResult):
         added = [c.skill.name for c in out.candidates if c.result.action == "added"]
-        return {"added": len(added), "names": added, **out.counts()}
+        # why each refused draft was refused, kept where a reader of the journal finds it
+        dropped = [
+            {"job": d["job"], "problems": [p[:200] for p in d["problems"][:3]]} for d in out.dropped
+        ]
+        return {"added": len(added), "names": added, **out.counts(), "dropped": dropped}
     if isinstance(out, VerifyResult):
         by: dict[str, list[str]] = {"verified": [], "promoted": [], "rejected": []}
         for v in out.verdicts:
