@@ -36,7 +36,7 @@ from ratchet.config import Settings
 from ratchet.files import write_text_atomic
 from ratchet.flows import agent_versions, evaluations, progress, tracking
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
-from ratchet.flows.verify import gate_evidence, run_gates
+from ratchet.flows.verify import dev_split, gate_evidence, run_gates
 from ratchet.hashing import content_hash
 from ratchet.server.launcher import ensure_adapter
 from ratchet.server.precision import dtype_name
@@ -190,7 +190,8 @@ def _gate(
 ) -> AdapterVersion:
     """The adapter is an intervention: champion with vs without it, same dev tasks, same seeds."""
     s = rt.settings
-    tasks = rt.suite.tasks("dev", s.splits.dev)
+    champion = rt.live_policy()
+    tasks = [t for family in dev_split(rt, champion).values() for t in family]
     check_dev_size(s, {"all families": len(tasks)})
     ensure_adapter(
         rt.base_url,
@@ -198,7 +199,6 @@ def _gate(
         registry.checked_path(adapter),
         s.model.api_key.get_secret_value(),
     )
-    champion = rt.live_policy()
     candidate = champion.model_copy(update={"adapter": adapter.served_name, "adapter_hash": adapter.sha256})
     arm = f"adapter-{adapter.sha256[:12]}"
     gates = run_gates(rt, generation, champion, {arm: (candidate, tasks)}, {arm: arm})

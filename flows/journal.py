@@ -174,9 +174,7 @@ def stage_summary(out: Any) -> dict[str, Any]:
     if isinstance(out, DistillResult):
         added = [c.skill.name for c in out.candidates if c.result.action == "added"]
         # why each refused draft was refused, kept where a reader of the journal finds it
-        dropped = [
-            {"job": d["job"], "problems": [p[:200] for p in d["problems"][:3]]} for d in out.dropped
-        ]
+        dropped = [{"job": d["job"], "problems": [p[:200] for p in d["problems"][:3]]} for d in out.dropped]
         return {"added": len(added), "names": added, **out.counts(), "dropped": dropped}
     if isinstance(out, VerifyResult):
         by: dict[str, list[str]] = {"verified": [], "promoted": [], "rejected": []}

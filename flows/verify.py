@@ -34,9 +34,9 @@ from ratchet.flows import agent_versions, evaluations, tracking
 from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
 from ratchet.skills.format import Skill
-from ratchet.skills.intervention import GateDecision, PairedOutcome, sequential_gate
+from ratchet.skills.intervention import GateDecision, PairedOutcome, grown_budget, sequential_gate
 from ratchet.skills.replay import replay, replayed, rules_only
-from ratchet.types import Policy, Task
+from ratchet.types import Policy, Task, family_of
 
 BASELINE = "baseline"
 
@@ -80,8 +80,35 @@ def arm_name(skill: Skill) -> str:
 
 def gate_config(s: Settings, dev_tasks: int) -> GateSettings:
     """The gate's settings for a dev split of `dev_tasks` tasks (its budget is capped by it)."""
-    fields = s.verify.model_dump(exclude={"promotion", "replay"})
+    fields = s.verify.model_dump(exclude={"promotion", "replay", "min_failures"})
     return GateSettings(**fields | {"max_tasks": min(s.verify.max_tasks, dev_tasks)})
+
+
+def dev_split(rt: LoopRuntime, champion: Policy) -> dict[str, list[Task]]:
+    """Each family's dev tasks for gates against `champion`: the first `splits.dev`, more
+    where the champion is known to fail few of them (`verify.min_failures`; grown_budget).
+
+    What is known is the champion's own finished dev rollouts, stored by earlier gates: its
+    baseline arm, or its arm as a candidate before it was promoted (same tasks, same seeds)."""
+    s = rt.settings
+    dev: dict[str, list[Task]] = defaultdict(list)
+    for task in rt.suite.tasks("dev", s.splits.dev):
+        dev[f"{task.suite}:{task.subset}"].append(task)
+    cfg = gate_config(s, s.verify.max_tasks)
+    if s.verify.min_failures == 0 or cfg.max_tasks <= s.splits.dev:
+        return dev
+    known: dict[str, dict[str, bool]] = defaultdict(dict)
+    rows = rt.store.summaries(
+        evolution=s.evolution, split="dev", status="finished", policy_version=champion.version
+    )
+    for t in rows:  # ordered by generation: the latest outcome of a task counts
+        known[family_of(t.task_id)][t.task_id] = t.success
+    for family, tasks in dev.items():
+        budget = grown_budget(len(tasks), list(known[family].values()), cfg, s.verify.min_failures)
+        if budget > len(tasks):
+            more = rt.suite.tasks("dev", budget)  # n per subset, in the same fixed order
+            dev[family] = [t for t in more if f"{t.suite}:{t.subset}" == family]
+    return dev
 
 
 def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> VerifyResult:
@@ -95,9 +122,7 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     pending = rt.library.list(status="verified") if auto else []
     if not candidates and not pending:
         return result
-    dev: dict[str, list[Task]] = defaultdict(list)
-    for task in rt.suite.tasks("dev", s.splits.dev):
-        dev[f"{task.suite}:{task.subset}"].append(task)
+    dev = dev_split(rt, champion)
     check_dev_size(s, {family: len(tasks) for family, tasks in dev.items()})
     promoted_tools = rt.library.list(status="promoted", kind="tool")
     rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])

@@ -188,6 +188,14 @@ class VerifySettings(GateSettings):
     promotion: Literal["auto", "manual"] = Field(
         default="auto", description="auto: verified candidates go live at once; manual: a person promotes"
     )
+    # a gate over a strong champion needs tasks it fails: at 89%, 32 dev tasks hold ~3.5, under
+    # the 5 repairs a gain needs (skills/intervention.py: grown_budget; bench/dev_budget.py)
+    min_failures: int = Field(
+        default=8,
+        ge=0,
+        description="champion failures a gate should hold: where its known dev success rate leaves "
+        "fewer in splits.dev, the gate's dev tasks grow, a look at a time, up to max_tasks; 0 = splits.dev",
+    )
     replay: bool = Field(
         default=True,
         description="greedy arms: a candidate that only adds rules is not played on a dev task its rules "

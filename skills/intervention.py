@@ -301,6 +301,26 @@ def sequential_gate(outcomes: Sequence[PairedOutcome], cfg: GateSettings) -> Gat
     return decision
 
 
+def grown_budget(dev: int, known: Sequence[bool], cfg: GateSettings, min_failures: int) -> int:
+    """Dev tasks (per family) a gate against the champion plays: `dev`, grown a look at a time,
+    up to `cfg.max_tasks`, until the tasks the champion is expected to fail reach
+    `min_failures`; `known` is its outcome on each dev task it has already played.
+
+    Only a task the champion fails can be repaired. A champion at 89% leaves about 3.5 failed
+    tasks in 32, under the 5 repairs without a regression the gate needs, so on a fixed
+    32-task split no gain over a strong champion can pass, however real. The budget is fixed
+    before the candidate plays and reads the champion's outcomes only (known before the gate
+    or not, under greedy decoding they are the same); that the false-admission rate stays at
+    most alpha this way is measured, not proved (bench/dev_budget.py). With fewer than a
+    look of known outcomes, or `min_failures` 0, the budget is `dev`."""
+    if min_failures <= 0 or len(known) < cfg.look_every or cfg.max_tasks <= dev:
+        return dev
+    failures = sum(not won for won in known)
+    need = cfg.max_tasks if failures == 0 else math.ceil(min_failures * len(known) / failures)
+    need = math.ceil(need / cfg.look_every) * cfg.look_every
+    return max(dev, min(cfg.max_tasks, need))
+
+
 # -- fixed-n comparison design
 
 

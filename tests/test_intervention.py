@@ -217,3 +217,51 @@ def test_bad_input_is_refused() -> None:
         sequential_gate(_outs("=" * 65), GateSettings())
     with pytest.raises(ValueError, match="alpha"):
         GateSettings(alpha=0)
+
+
+def test_the_dev_budget_grows_only_where_the_champion_fails_few_tasks() -> None:
+    from ratchet.skills.intervention import grown_budget
+
+    cfg = GateSettings(max_tasks=64, look_every=8)
+    won = [True] * 28 + [False] * 4  # 87.5% on 32: 4 failures, 8 wanted -> 64 tasks
+    assert grown_budget(32, won, cfg, 8) == 64
+    assert grown_budget(32, won, cfg, 5) == 40  # 5 * 32 / 4 = 40, a whole number of looks
+    assert grown_budget(32, [True] * 7 + [False] * 3, cfg, 5) == 32  # enough failures already
+    assert grown_budget(32, [True] * 8, cfg, 8) == 64  # no failure known: the whole cap
+    assert grown_budget(32, [True] * 7, cfg, 8) == 32  # under a look known: nothing to go by
+    assert grown_budget(32, won, cfg, 0) == 32  # switched off
+    assert grown_budget(32, won, GateSettings(max_tasks=32), 8) == 32  # the cap holds
+    assert grown_budget(32, [True] * 30 + [False] * 2, cfg.model_copy(update={"look_every": 5}), 3) == 50
+
+
+def test_a_grown_budget_admits_no_null_candidate_more_often_than_alpha() -> None:
+    """The budget reads the champion's outcomes on the very tasks the gate then plays (the
+    worst case). Simulated A/A candidates over strong champions, where the budget grows most:
+    admitted at most alpha of the time, and a real gain is admitted more often than
+    on the fixed 32 tasks."""
+    from ratchet.skills.intervention import grown_budget
+
+    rng = np.random.default_rng(7)
+    cfg = GateSettings(max_tasks=64)
+    sims = 1500
+    for base in (0.8, 0.9):
+        d = (1 - base) / 2  # noisy arms: repairs and regressions each half the failure rate
+        admitted = {"fixed": 0, "grown": 0}
+        gain = {"fixed": 0, "grown": 0}
+        for _ in range(sims):
+            b = rng.random(64) < base
+            u = rng.random(64)
+            for effect, (fix, brk) in {"null": (d / (1 - base), d / base), "gain": (0.65, 0.012)}.items():
+                c = np.where(b, u >= brk, u < fix)
+                outs = [
+                    PairedOutcome(f"t{i}", bool(x), bool(y))
+                    for i, (x, y) in enumerate(zip(b, c, strict=True))
+                ]
+                for design, n in {"fixed": 32, "grown": grown_budget(32, list(b[:32]), cfg, 8)}.items():
+                    accepted = (
+                        sequential_gate(outs[:n], cfg.model_copy(update={"max_tasks": n})).decision
+                        == "accept"
+                    )
+                    (admitted if effect == "null" else gain)[design] += accepted
+        assert admitted["grown"] <= cfg.alpha * sims, (base, admitted)  # measured: ~1.5%
+        assert gain["grown"] > gain["fixed"] + sims * 0.08, (base, gain)

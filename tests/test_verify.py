@@ -19,7 +19,7 @@ from prefect import flow
 from ratchet.agents.actor import build_actor
 from ratchet.agents.testing import ScriptedChatModel, call
 from ratchet.config import load_settings
-from ratchet.flows.runtime import LoopRuntime
+from ratchet.flows.runtime import LoopRuntime, policy_with
 from ratchet.flows.verify import BASELINE, verify_stage
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.format import Skill
@@ -77,7 +77,7 @@ def scripted_runtime(tmp_path: Path, **overrides: Any) -> Iterator[LoopRuntime]:
         | overrides
     )
     suite = get_suite(settings.suite)
-    llm = ScriptedChatModel(script=_policy(_gold(suite, 16)))
+    llm = ScriptedChatModel(script=_policy(_gold(suite, max(16, settings.verify.max_tasks))))
     store = open_store(settings.trajectories_db)
     rt = LoopRuntime(settings, suite, store, base_url="", actor=build_actor(llm))
     rt.library = SkillLibrary(settings.skills_dir, settings.index_dir)
@@ -151,6 +151,30 @@ def test_a_helpful_candidate_is_verified_and_promoted_when_the_policy_is_auto(tm
     finally:
         store.close()
         suite.close()
+
+
+def test_the_dev_split_grows_where_the_champion_is_known_to_fail_few_tasks(tmp_path: Path) -> None:
+    """The scripted champion solves every dev task: nothing is known before its first gate
+    (16 tasks); once its baseline arm has played, the next gate gets the whole cap (40), the
+    first 16 tasks unchanged and first, and the gate's budget is the grown split."""
+    from ratchet.flows.verify import dev_split
+
+    with scripted_runtime(tmp_path, **{"verify.max_tasks": 40}) as rt:
+        assert rt.library is not None
+        champion = rt.live_policy()
+        first = dev_split(rt, champion)[FAMILY]
+        assert len(first) == 16
+        rt.library.add(_skill("noop", "Read the question twice."))
+        _verify(rt)  # the baseline arm: the champion solves its first 8 dev tasks
+        grown = dev_split(rt, champion)[FAMILY]
+        assert len(grown) == 40 and [t.id for t in grown[:16]] == [t.id for t in first]
+        unknown = policy_with(champion, [_skill("other", "HELPFUL: another policy.")])
+        assert len(dev_split(rt, unknown)[FAMILY]) == 16  # its own outcomes are not known
+        rt.library.add(_skill("noop2", "Check the sum once more."))
+        verdict = _verify(rt).verdicts[0]
+        assert verdict.skill == "noop2" and "by task 40" in verdict.decision.reason
+        rt.settings.verify.min_failures = 0
+        assert len(dev_split(rt, champion)[FAMILY]) == 16
 
 
 def test_a_dev_split_too_small_for_the_gate_is_a_clear_error(runtime: LoopRuntime) -> None:
