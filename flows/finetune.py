@@ -191,7 +191,7 @@ def _gate(
     """The adapter is an intervention: champion with vs without it, same dev tasks, same seeds."""
     s = rt.settings
     champion = rt.live_policy()
-    tasks = [t for family in dev_split(rt, champion).values() for t in family]
+    tasks = [t for family in dev_split(rt, champion, generation).values() for t in family]
     check_dev_size(s, {"all families": len(tasks)})
     ensure_adapter(
         rt.base_url,

@@ -36,7 +36,7 @@ from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, pol
 from ratchet.skills.format import Skill
 from ratchet.skills.intervention import GateDecision, PairedOutcome, grown_budget, sequential_gate
 from ratchet.skills.replay import replay, replayed, rules_only
-from ratchet.types import Policy, Task, family_of
+from ratchet.types import Policy, Task, family_of, trajectory_id
 
 BASELINE = "baseline"
 
@@ -84,12 +84,14 @@ def gate_config(s: Settings, dev_tasks: int) -> GateSettings:
     return GateSettings(**fields | {"max_tasks": min(s.verify.max_tasks, dev_tasks)})
 
 
-def dev_split(rt: LoopRuntime, champion: Policy) -> dict[str, list[Task]]:
+def dev_split(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, list[Task]]:
     """Each family's dev tasks for gates against `champion`: the first `splits.dev`, more
     where the champion is known to fail few of them (`verify.min_failures`; grown_budget).
 
-    What is known is the champion's own finished dev rollouts, stored by earlier gates: its
-    baseline arm, or its arm as a candidate before it was promoted (same tasks, same seeds)."""
+    What is known is the champion's own finished dev rollouts from earlier gates: its
+    baseline arm, or its arm as a candidate before it was promoted (same tasks, same seeds).
+    The baseline arm of this generation is left out: it is what the gates are playing now,
+    and a run resumed after a kill must grow the split exactly as the first attempt did."""
     s = rt.settings
     dev: dict[str, list[Task]] = defaultdict(list)
     for task in rt.suite.tasks("dev", s.splits.dev):
@@ -102,6 +104,10 @@ def dev_split(rt: LoopRuntime, champion: Policy) -> dict[str, list[Task]]:
         evolution=s.evolution, split="dev", status="finished", policy_version=champion.version
     )
     for t in rows:  # ordered by generation: the latest outcome of a task counts
+        if t.generation == generation and t.id == trajectory_id(
+            s.evolution, generation, t.task_id, 0, BASELINE
+        ):
+            continue
         known[family_of(t.task_id)][t.task_id] = t.success
     for family, tasks in dev.items():
         budget = grown_budget(len(tasks), list(known[family].values()), cfg, s.verify.min_failures)
@@ -122,7 +128,7 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     pending = rt.library.list(status="verified") if auto else []
     if not candidates and not pending:
         return result
-    dev = dev_split(rt, champion)
+    dev = dev_split(rt, champion, generation)
     check_dev_size(s, {family: len(tasks) for family, tasks in dev.items()})
     promoted_tools = rt.library.list(status="promoted", kind="tool")
     rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])

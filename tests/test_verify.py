@@ -65,8 +65,8 @@ def _skill(name: str, body: str) -> Skill:
 
 
 @flow(name="test-verify", validate_parameters=False)
-def _verify(rt: LoopRuntime) -> Any:
-    return verify_stage(rt, 0)
+def _verify(rt: LoopRuntime, generation: int = 0) -> Any:
+    return verify_stage(rt, generation)
 
 
 @contextmanager
@@ -155,26 +155,28 @@ def test_a_helpful_candidate_is_verified_and_promoted_when_the_policy_is_auto(tm
 
 def test_the_dev_split_grows_where_the_champion_is_known_to_fail_few_tasks(tmp_path: Path) -> None:
     """The scripted champion solves every dev task: nothing is known before its first gate
-    (16 tasks); once its baseline arm has played, the next gate gets the whole cap (40), the
-    first 16 tasks unchanged and first, and the gate's budget is the grown split."""
+    (16 tasks); once its baseline arm has played, the next generation's gate gets the whole
+    cap (40), the first 16 tasks unchanged and first, and the gate's budget is the grown
+    split. The generation's own baseline does not count: a resumed run grows it the same."""
     from ratchet.flows.verify import dev_split
 
     with scripted_runtime(tmp_path, **{"verify.max_tasks": 40}) as rt:
         assert rt.library is not None
         champion = rt.live_policy()
-        first = dev_split(rt, champion)[FAMILY]
+        first = dev_split(rt, champion, 1)[FAMILY]
         assert len(first) == 16
         rt.library.add(_skill("noop", "Read the question twice."))
         _verify(rt)  # the baseline arm: the champion solves its first 8 dev tasks
-        grown = dev_split(rt, champion)[FAMILY]
+        assert len(dev_split(rt, champion, 0)[FAMILY]) == 16  # its own generation's baseline: not yet
+        grown = dev_split(rt, champion, 1)[FAMILY]
         assert len(grown) == 40 and [t.id for t in grown[:16]] == [t.id for t in first]
         unknown = policy_with(champion, [_skill("other", "HELPFUL: another policy.")])
-        assert len(dev_split(rt, unknown)[FAMILY]) == 16  # its own outcomes are not known
+        assert len(dev_split(rt, unknown, 1)[FAMILY]) == 16  # its own outcomes are not known
         rt.library.add(_skill("noop2", "Check the sum once more."))
-        verdict = _verify(rt).verdicts[0]
+        verdict = _verify(rt, 1).verdicts[0]
         assert verdict.skill == "noop2" and "by task 40" in verdict.decision.reason
         rt.settings.verify.min_failures = 0
-        assert len(dev_split(rt, champion)[FAMILY]) == 16
+        assert len(dev_split(rt, champion, 1)[FAMILY]) == 16
 
 
 def test_a_dev_split_too_small_for_the_gate_is_a_clear_error(runtime: LoopRuntime) -> None:
