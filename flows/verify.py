@@ -111,9 +111,11 @@ def dev_split(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, l
         known[family_of(t.task_id)][t.task_id] = t.success
     for family, tasks in dev.items():
         budget = grown_budget(len(tasks), list(known[family].values()), cfg, s.verify.min_failures)
-        if budget > len(tasks):
-            more = rt.suite.tasks("dev", budget)  # n per subset, in the same fixed order
-            dev[family] = [t for t in more if f"{t.suite}:{t.subset}" == family]
+        if budget > len(tasks):  # this family's tasks only, in `suite.tasks`' fixed order
+            subset = tasks[0].subset
+            dev[family] = [
+                rt.suite.make_task(subset, "dev", k) for k in rt.suite.split_seeds(subset, "dev", budget)
+            ]
     return dev
 
 
