@@ -11,10 +11,12 @@ under the adapter's arm and replayed from the store on a rerun; the alias moves 
 
 Each adapter is trained from the base model on every clean success so far (not on top of
 the previous adapter): reproducible from its dataset alone, and no drift compounds across
-generations. The stage is skipped when fewer than `finetune.min_new_successes` kept successes are new
-since the last trained adapter. With a remote policy endpoint (`finetune.mode = "auto"`)
-there are no local weights to train: the stage writes the dataset as an OpenAI fine-tuning
-JSONL file, says where, and the loop goes on. `finetune.mode = "off"` skips the stage and
+generations. The stage is skipped when fewer than `finetune.min_new_successes` kept successes
+walk an action path no earlier adapter learned: a rollout that repeats a learned path under a
+new id is no new data, and a policy that solves its train tasks repeats them every generation.
+With a remote policy endpoint (`finetune.mode = "auto"`) there are no local weights to train:
+the stage writes the dataset as an OpenAI fine-tuning JSONL file, says where, and the loop
+goes on. `finetune.mode = "off"` skips the stage and
 leaves the live adapter, if any, live: the loop then improves only through skills, rules
 and tools.
 """
@@ -41,8 +43,9 @@ from ratchet.hashing import content_hash
 from ratchet.server.launcher import ensure_adapter
 from ratchet.server.precision import dtype_name
 from ratchet.skills.intervention import GateDecision
-from ratchet.training.dataset import Dataset, build_dataset
+from ratchet.training.dataset import Dataset, build_dataset, new_paths
 from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
+from ratchet.types import Trajectory
 
 Action = Literal["skipped", "exported", "trained", "reused"]
 
@@ -71,19 +74,25 @@ def config_hash(s: Settings) -> str:
     return content_hash({"model": s.model.name, "lora": s.finetune.lora.model_dump(mode="json")}, length=12)
 
 
-def training_dataset(rt: LoopRuntime) -> Dataset:
-    """Every clean success of the evolution's train split so far (experts only if configured)."""
+def train_successes(rt: LoopRuntime) -> list[Trajectory]:
+    """Every finished success of the evolution's train split so far (experts only if configured)."""
     s = rt.settings
     kinds = {"agent", "expert"} if s.finetune.experts else {"agent"}
     found = rt.store.query(evolution=s.evolution, split="train", success=True, status="finished")
-    return build_dataset(
-        [t for t in found if t.kind in kinds], s.finetune.per_task, s.finetune.loops == "drop"
-    )
+    return [t for t in found if t.kind in kinds]
+
+
+def training_dataset(rt: LoopRuntime, successes: list[Trajectory] | None = None) -> Dataset:
+    """The dataset the stage trains on: the clean ones of `train_successes`."""
+    s = rt.settings
+    found = train_successes(rt) if successes is None else successes
+    return build_dataset(found, s.finetune.per_task, s.finetune.loops == "drop")
 
 
 def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> FinetuneResult:
     s = rt.settings
-    data = training_dataset(rt)
+    successes = train_successes(rt)
+    data = training_dataset(rt, successes)
     counts = dict(data.counts)
     if finetune_mode(s) == "off":  # the live adapter, if any, stays live
         return FinetuneResult("skipped", "finetune.mode = 'off'", data.version, counts)
@@ -100,10 +109,13 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
     action: Action = "reused"
     seconds = 0.0
     if adapter is None:
-        new = set(data.sources) - _trained_sources(registry)
+        new = new_paths(data, successes, _trained_sources(registry))
         need = s.finetune.min_new_successes
         if not data.examples or len(new) < need:
-            why = f"{len(new)} new clean successes (finetune.min_new_successes={need})"
+            why = (
+                f"{len(new)} new clean successes (action paths no earlier adapter learned; "
+                f"finetune.min_new_successes={need})"
+            )
             return FinetuneResult("skipped", why, data.version, counts)
         adapter, seconds = _train(rt, registry, data, who)
         action = "trained"

@@ -274,7 +274,10 @@ class FinetuneSettings(Section):
         description="successes with a loop: cut = learn all but the repeated turns; drop = learn none",
     )
     min_new_successes: int = Field(
-        default=4, ge=0, description="skip the stage unless this many kept successes are new since the last"
+        default=4,
+        ge=0,
+        description="skip the stage unless this many kept successes walk an action path no earlier "
+        "adapter learned (a rollout repeating a learned path under a new id is no new data)",
     )
     lora: LoraSettings = Field(default_factory=LoraSettings)
 

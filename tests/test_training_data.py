@@ -16,7 +16,7 @@ from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.agents.testing import ScriptedChatModel, call
 from ratchet.suites import get_suite
 from ratchet.toolcalls import render_tools
-from ratchet.training.dataset import Dataset, build_dataset, lucky, repeats
+from ratchet.training.dataset import Dataset, build_dataset, lucky, new_paths, path_key, repeats
 from ratchet.training.examples import ReplayError, replay
 from ratchet.types import Policy, PromptRecord, SkillText, Trajectory
 from tests.factories import traj
@@ -194,3 +194,53 @@ def test_finetune_off_skips_the_stage_and_leaves_the_registry_untouched(tmp_path
     assert (result.action, result.version) == ("skipped", None)
     assert "off" in result.reason and result.counts  # the data was counted, not trained on
     assert not s.adapters_dir.exists() or not any(s.adapters_dir.iterdir())
+
+
+def test_a_success_that_walks_a_learned_path_is_no_new_data() -> None:
+    learned = _success("t1", ["look", "take coin"], "b-learned")
+    again = _success("t1", ["look", "take coin"], "a-again")  # a later rollout: the dataset keeps it
+    other = _success("t1", ["move east", "take coin"], "c-other")
+    data = build_dataset([learned, again, other], per_task=2)
+    assert data.sources == ["a-again", "c-other"]
+    # by trajectory id both kept successes would be new; by what they teach, one is
+    assert new_paths(data, [learned, again, other], trained={"b-learned"}) == {path_key(other)}
+    assert new_paths(data, [learned, again, other], trained=set()) == {path_key(again), path_key(other)}
+    assert new_paths(data, [again, other], trained={"b-learned"}) == {path_key(again), path_key(other)}
+
+
+def test_successes_on_learned_paths_do_not_train_again(tmp_path: Path) -> None:
+    """The stage reaches training only with new action paths: a later generation that walks
+    the learned paths again, under new trajectory ids and new prompts (so a new dataset
+    version, which `registry.find` would not reuse), is skipped before any training."""
+    from types import SimpleNamespace
+
+    from ratchet.config import load_settings
+    from ratchet.flows.finetune import config_hash, finetune_stage
+    from ratchet.memory.trajectory_store import open_store
+    from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry
+
+    s = load_settings({"data_dir": tmp_path / "data", "finetune.min_new_successes": 1})
+    learned = _success("t1", ["look", "take coin"], "b-learned")
+    registry = AdapterRegistry(s)
+    fake = tmp_path / "adapter"
+    fake.mkdir()
+    for name in ADAPTER_FILES:
+        (fake / name).write_text(name)
+    earlier = build_dataset([learned], per_task=2)
+    registry.register(fake, "", str(fake), earlier.version, config_hash(s), "test")
+    (registry.root / "datasets").mkdir(parents=True, exist_ok=True)
+    (registry.root / "datasets" / f"{earlier.version}.sources.json").write_text(json.dumps(earlier.sources))
+    again = _success("t1", ["look", "take coin"], "a-again")
+    assert again.prompt is not None
+    again.prompt = again.prompt.model_copy(update={"system": "sys, with a rule promoted since"})
+    store = open_store(s.trajectories_db)
+    try:
+        for t in (learned, again):
+            store.put(t.model_copy(update={"evolution": s.evolution}))
+        result = finetune_stage(SimpleNamespace(settings=s, store=store), generation=2)  # type: ignore[arg-type]
+    finally:
+        store.close()
+    assert result.dataset != earlier.version  # the examples changed: only their paths did not
+    assert (result.action, result.version) == ("skipped", None)
+    assert result.reason.startswith("0 new clean successes (action paths no earlier adapter learned")
+    assert len(registry.list()) == 1

@@ -102,11 +102,8 @@ def build_dataset(trajectories: Iterable[Trajectory], per_task: int, drop_loops:
     sources: list[str] = []
     for task_id in sorted(by_task):
         paths: set[tuple[str, ...]] = set()
-        ranked = sorted(
-            by_task[task_id], key=lambda t: (len(action_path(t)) - len(repeats(t)), len(t.steps), t.id)
-        )
-        for t in ranked:
-            path = tuple(a for _, a in action_path(t))
+        for t in sorted(by_task[task_id], key=_useful_length):
+            _, path = path_key(t)
             if path in paths:
                 counts["dropped_same_path"] += 1
                 continue
@@ -132,6 +129,28 @@ def build_dataset(trajectories: Iterable[Trajectory], per_task: int, drop_loops:
     counts["tasks"] = len({e.task_id for e in examples.values()})
     counts["examples"] = len(examples)
     return Dataset(list(examples.values()), sources, counts)
+
+
+PathKey = tuple[str, tuple[str, ...]]  # (task id, the actions a success took)
+
+
+def path_key(t: Trajectory) -> PathKey:
+    """What a success teaches: its task and the actions it took, in order (not its id)."""
+    return t.task_id, tuple(a for _, a in action_path(t))
+
+
+def new_paths(data: Dataset, trajectories: Iterable[Trajectory], trained: set[str]) -> set[PathKey]:
+    """The dataset's (task, action path) pairs that no source in `trained` (trajectory ids)
+    walked: what retraining would learn that the last adapter did not.
+
+    Counted by content, not by id: once a policy solves its train tasks, every generation's
+    explore walks the same shortest paths again under new trajectory ids, and an adapter
+    trained on them anew learns the same lessons and is gated again, at the price of a
+    training. `trajectories` must hold the trained sources (the evolution's train
+    successes); a trained id not among them teaches nothing known."""
+    keys = {t.id: path_key(t) for t in trajectories}
+    learned = {keys[i] for i in trained if i in keys}
+    return {keys[i] for i in data.sources if i in keys} - learned
 
 
 def _useful_length(t: Trajectory) -> tuple[int, int, str]:
