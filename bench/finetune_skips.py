@@ -1,0 +1,110 @@
+"""Would the fine-tune stage train again? Counted on a real run's data, by id and by path.
+
+    .venv/bin/python bench/finetune_skips.py --data DIR [--family textworld-express:coin]
+                                             [--evolution headline] [--name finetune_skips]
+
+For every generation of a finished run (bench/evolve_gain.py's data dir), the dataset the
+stage builds from the train successes so far (training/dataset.py, default settings), and how
+many of its kept successes are new against the sources of the last adapter trained, counted
+two ways: by trajectory id (the rule until 2026-12-03) and by (task, action path)
+(`training/dataset.py:new_paths`, the rule since). Each rule trains when its count reaches
+`finetune.min_new_successes` and reuses an adapter already trained on an identical dataset.
+The id rule's decisions are checked against what the run itself did (its journal); the
+generations where the two rules differ are trainings the path rule saves, priced at that
+generation's finetune wall time from the journal.
+
+Writes bench/results/<name>.json and prints the table. No model, no server: seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, required=True, help="a bench/evolve_gain.py data dir")
+    p.add_argument("--family", default="textworld-express:coin")
+    p.add_argument("--evolution", default="headline")
+    p.add_argument("--name", default="finetune_skips")
+    args = p.parse_args()
+
+    from ratchet.config import load_settings
+    from ratchet.memory.trajectory_store import open_store
+    from ratchet.training.dataset import build_dataset, new_paths
+
+    data_dir = args.data / args.family.replace(":", "-")
+    s = load_settings({"data_dir": data_dir, "suite": args.family, "evolution": args.evolution})
+    journal = json.loads((data_dir / "evolutions" / f"{args.evolution}.json").read_text())
+    finetune = {st["generation"]: st for st in journal["stages"] if st["stage"] == "finetune"}
+    kinds = {"agent", "expert"} if s.finetune.experts else {"agent"}
+    store = open_store(s.trajectories_db)
+    try:
+        found = store.query(evolution=args.evolution, split="train", success=True, status="finished")
+    finally:
+        store.close()
+    found = [t for t in found if t.kind in kinds]
+    need = s.finetune.min_new_successes
+    state = {rule: {"sources": set(), "versions": set()} for rule in ("id", "path")}
+    rows: list[dict[str, Any]] = []
+    for g in sorted(finetune):
+        so_far = [t for t in found if t.generation <= g]
+        data = build_dataset(so_far, s.finetune.per_task, s.finetune.loops == "drop")
+        row: dict[str, Any] = {
+            "generation": g,
+            "successes": len(so_far),
+            "kept": len(data.sources),
+            "examples": len(data.examples),
+            "dataset": data.version,
+            "run": finetune[g]["summary"].get("action"),
+            "finetune_seconds": finetune[g]["wall_seconds"],
+        }
+        for rule, st in state.items():
+            if rule == "id":
+                new = len(set(data.sources) - st["sources"])
+            else:
+                new = len(new_paths(data, so_far, st["sources"]))
+            if data.version in st["versions"]:
+                action = "reused"
+            elif not data.examples or new < need:
+                action = "skipped"
+            else:
+                action = "trained"
+                st["sources"] |= set(data.sources)
+                st["versions"].add(data.version)
+            row[f"new_by_{rule}"], row[f"{rule}_rule"] = new, action
+        rows.append(row)
+    saved = [r for r in rows if r["id_rule"] == "trained" and r["path_rule"] != "trained"]
+    out = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "min_new_successes": need,
+        "rows": rows,
+        "id_rule_matches_the_run": all(r["id_rule"] == r["run"] for r in rows),
+        "trainings_saved": len(saved),
+        "finetune_seconds_saved": round(sum(r["finetune_seconds"] for r in saved), 1),
+    }
+    print("| gen | successes | kept | new by id | new by path | run | id rule | path rule | finetune s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['generation']} | {r['successes']} | {r['kept']} | {r['new_by_id']} | {r['new_by_path']} "
+            f"| {r['run']} | {r['id_rule']} | {r['path_rule']} | {r['finetune_seconds']:.0f} |"
+        )
+    print(
+        f"id rule matches the run: {out['id_rule_matches_the_run']}; path rule saves "
+        f"{out['trainings_saved']} training(s), {out['finetune_seconds_saved']:.0f} s of finetune"
+    )
+    path = ROOT / "bench" / "results" / f"{args.name}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
