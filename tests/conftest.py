@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from ratchet.runtime_env import PREFECT_STARTUP_TIMEOUT_S
+
 ROOT = Path(__file__).resolve().parents[1]
 # The HF copy of the shipped model is converted once and reused across test sessions.
 PREFECT = Path(sys.executable).parent / "prefect"
@@ -29,6 +31,10 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Prefect's ephemeral API keeps its database here; reusing it makes later sessions start faster.
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".ratchet" / "test-prefect"))
 Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+# Flows the tests call directly start Prefect's ephemeral API with Prefect's own 20 s limit to
+# answer, which a busy machine misses (seen beside a LoRA training on 2 cores); the product
+# sets its own (ratchet.runtime_env), and so do the tests.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_TIMEOUT_S))
 
 
 @pytest.fixture(autouse=True)
