@@ -38,14 +38,14 @@ from ratchet.config import Settings
 from ratchet.files import write_text_atomic
 from ratchet.flows import agent_versions, evaluations, progress, tracking
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
-from ratchet.flows.verify import champion_record, dev_split, foreclosed, gate_evidence, run_gates
+from ratchet.flows.verify import dev_split, gate_evidence, run_gates
 from ratchet.hashing import content_hash
 from ratchet.server.launcher import ensure_adapter
 from ratchet.server.precision import dtype_name
 from ratchet.skills.intervention import GateDecision
 from ratchet.training.dataset import Dataset, build_dataset, new_paths
 from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
-from ratchet.types import Task, Trajectory
+from ratchet.types import Trajectory
 
 Action = Literal["skipped", "exported", "trained", "reused"]
 
@@ -116,11 +116,6 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
                 f"{len(new)} new clean successes (action paths no earlier adapter learned; "
                 f"finetune.min_new_successes={need})"
             )
-            return FinetuneResult("skipped", why, data.version, counts)
-        champion = rt.live_policy()
-        record = champion_record(rt, champion, generation)
-        if (stop := foreclosed(s, record, _dev_tasks(rt, record))) is not None:  # no gate to train for
-            why = f"no adapter could pass its gate: {stop.reason}"
             return FinetuneResult("skipped", why, data.version, counts)
         adapter, seconds = _train(rt, registry, data, who)
         action = "trained"
@@ -208,7 +203,7 @@ def _gate(
     """The adapter is an intervention: champion with vs without it, same dev tasks, same seeds."""
     s = rt.settings
     champion = rt.live_policy()
-    tasks = _dev_tasks(rt, champion_record(rt, champion, generation))
+    tasks = [t for family in dev_split(rt, champion, generation).values() for t in family]
     check_dev_size(s, {"all families": len(tasks)})
     ensure_adapter(
         rt.base_url,
@@ -229,11 +224,6 @@ def _gate(
         )
     registry.transition(adapter.name, to, who=who, why=decision.reason, evidence=evidence, expect="candidate")
     return registry.get(adapter.version)
-
-
-def _dev_tasks(rt: LoopRuntime, record: dict[str, bool]) -> list[Task]:
-    """The adapter's gate plays the dev tasks of every family."""
-    return [t for family in dev_split(rt, record).values() for t in family]
 
 
 def _trained_sources(registry: AdapterRegistry) -> set[str]:

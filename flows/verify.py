@@ -34,13 +34,7 @@ from ratchet.flows import agent_versions, evaluations, tracking
 from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
 from ratchet.skills.format import Skill
-from ratchet.skills.intervention import (
-    GateDecision,
-    PairedOutcome,
-    grown_budget,
-    pass_chance,
-    sequential_gate,
-)
+from ratchet.skills.intervention import GateDecision, PairedOutcome, grown_budget, sequential_gate
 from ratchet.skills.replay import replay, replayed, rules_only
 from ratchet.types import Policy, Task, family_of, trajectory_id
 
@@ -90,15 +84,22 @@ def gate_config(s: Settings, dev_tasks: int) -> GateSettings:
     return GateSettings(**fields | {"max_tasks": min(s.verify.max_tasks, dev_tasks)})
 
 
-def champion_record(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, bool]:
-    """The champion's latest outcome on each dev task it has played (task id -> solved).
+def dev_split(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, list[Task]]:
+    """Each family's dev tasks for gates against `champion`: the first `splits.dev`, more
+    where the champion is known to fail few of them (`verify.min_failures`; grown_budget).
 
-    That is its baseline arm in earlier gates, or its arm as a candidate before it was
-    promoted (same tasks, same seeds). The baseline arm of this generation is left out: it is
-    what the gates are playing now, and a run resumed after a kill must decide exactly as the
-    first attempt did."""
+    What is known is the champion's own finished dev rollouts from earlier gates: its
+    baseline arm, or its arm as a candidate before it was promoted (same tasks, same seeds).
+    The baseline arm of this generation is left out: it is what the gates are playing now,
+    and a run resumed after a kill must grow the split exactly as the first attempt did."""
     s = rt.settings
-    record: dict[str, bool] = {}
+    dev: dict[str, list[Task]] = defaultdict(list)
+    for task in rt.suite.tasks("dev", s.splits.dev):
+        dev[f"{task.suite}:{task.subset}"].append(task)
+    cfg = gate_config(s, s.verify.max_tasks)
+    if s.verify.min_failures == 0 or cfg.max_tasks <= s.splits.dev:
+        return dev
+    known: dict[str, dict[str, bool]] = defaultdict(dict)
     rows = rt.store.summaries(
         evolution=s.evolution, split="dev", status="finished", policy_version=champion.version
     )
@@ -107,55 +108,15 @@ def champion_record(rt: LoopRuntime, champion: Policy, generation: int) -> dict[
             s.evolution, generation, t.task_id, 0, BASELINE
         ):
             continue
-        record[t.task_id] = t.success
-    return record
-
-
-def dev_split(rt: LoopRuntime, record: dict[str, bool]) -> dict[str, list[Task]]:
-    """Each family's dev tasks for gates against the champion whose `record` this is: the
-    first `splits.dev`, more where it is known to fail few of them (`verify.min_failures`;
-    grown_budget)."""
-    s = rt.settings
-    dev: dict[str, list[Task]] = defaultdict(list)
-    for task in rt.suite.tasks("dev", s.splits.dev):
-        dev[f"{task.suite}:{task.subset}"].append(task)
-    cfg = gate_config(s, s.verify.max_tasks)
-    if s.verify.min_failures == 0 or cfg.max_tasks <= s.splits.dev:
-        return dev
-    known: dict[str, list[bool]] = defaultdict(list)
-    for task_id, won in record.items():
-        known[family_of(task_id)].append(won)
+        known[family_of(t.task_id)][t.task_id] = t.success
     for family, tasks in dev.items():
-        budget = grown_budget(len(tasks), known[family], cfg, s.verify.min_failures)
+        budget = grown_budget(len(tasks), list(known[family].values()), cfg, s.verify.min_failures)
         if budget > len(tasks):  # this family's tasks only, in `suite.tasks`' fixed order
             subset = tasks[0].subset
             dev[family] = [
                 rt.suite.make_task(subset, "dev", k) for k in rt.suite.split_seeds(subset, "dev", budget)
             ]
     return dev
-
-
-def foreclosed(s: Settings, record: dict[str, bool], tasks: list[Task]) -> GateDecision | None:
-    """A rejection decided before a gate on `tasks` plays a rollout, or None: when the
-    champion's `record` says it solves so many of them that the chance any candidate passes
-    is below `verify.futility` (`skills.intervention.pass_chance`). Over a champion that
-    solved every dev task it played, every gate would otherwise play its first looks to
-    learn that nothing can be repaired, and the fine-tune stage would train an adapter for
-    such a gate."""
-    cfg = gate_config(s, len(tasks))
-    if cfg.futility <= 0:
-        return None
-    known = [record[t.id] for t in tasks if t.id in record]
-    solved, failed = sum(known), len(known) - sum(known)
-    chance = pass_chance(solved, failed, len(tasks) - len(known), cfg)
-    if chance >= cfg.futility:
-        return None
-    why = (
-        f"futile before playing: the champion solved {solved} of the {len(known)} of these "
-        f"{len(tasks)} dev tasks it has played, so the chance that enough of them can be "
-        f"repaired for a significant gain is {chance:.0%} < {cfg.futility:.0%}"
-    )
-    return GateDecision("reject", why, 0, 0, 0, 0, 1.0, 0.0, 0)
 
 
 def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> VerifyResult:
@@ -169,8 +130,7 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     pending = rt.library.list(status="verified") if auto else []
     if not candidates and not pending:
         return result
-    record = champion_record(rt, champion, generation)
-    dev = dev_split(rt, record)
+    dev = dev_split(rt, champion, generation)
     check_dev_size(s, {family: len(tasks) for family, tasks in dev.items()})
     promoted_tools = rt.library.list(status="promoted", kind="tool")
     rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])
@@ -231,8 +191,7 @@ def run_gates(
     All open trials advance together so their rollouts batch on the server; the baseline arm
     (the champion on a dev task) is played once and shared by every trial that needs it.
     Under greedy decoding a trial that only adds rules is replayed on the baseline first, and
-    played only on the tasks where its rules could change a call (`skills.replay`). A trial over
-    tasks the champion is known to solve nearly all of is rejected before it plays (`foreclosed`)."""
+    played only on the tasks where its rules could change a call (`skills.replay`)."""
     s = rt.settings
 
     def settings_for(slot: RolloutSlot) -> ActorSettings:
@@ -247,13 +206,9 @@ def run_gates(
         for name, (policy, _) in trials.items()
         if s.verify.replay and s.evaluate.temperature == 0 and rules_only(champion, policy)
     }
+    open_ = dict(trials)
     outcomes: dict[str, list[PairedOutcome]] = defaultdict(list)
     decisions: dict[str, GateDecision] = {}
-    record = champion_record(rt, champion, generation)
-    for name, (_, tasks) in trials.items():
-        if (stop := foreclosed(s, record, tasks)) is not None:
-            decisions[name] = stop
-    open_ = {name: trial for name, trial in trials.items() if name not in decisions}
     replayed: dict[str, int] = defaultdict(int)
     baseline: set[str] = set()
     look = 0
@@ -288,8 +243,7 @@ def run_gates(
                 decisions[name] = decision
                 del open_[name]
         look += 1
-    played = {name: outcomes.get(name, []) for name in trials}  # a foreclosed trial: none
-    return Gates(decisions, played, len(baseline), dict(replayed))
+    return Gates(decisions, dict(outcomes), len(baseline), dict(replayed))
 
 
 def _replay(rt: LoopRuntime, base: RolloutSlot, arm: RolloutSlot, champion: Policy, policy: Policy) -> bool:

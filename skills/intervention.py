@@ -321,35 +321,6 @@ def grown_budget(dev: int, known: Sequence[bool], cfg: GateSettings, min_failure
     return max(dev, min(cfg.max_tasks, need))
 
 
-def pass_chance(solved: int, failed: int, unknown: int, cfg: GateSettings) -> float:
-    """An upper bound, before any candidate plays, on the chance that one passes a gate over
-    `solved + failed + unknown` dev tasks against a champion known to solve `solved` and fail
-    `failed` of them in earlier gates (same tasks, same seeds), the rest not yet played.
-
-    Only a task the champion fails can be repaired, and a pass needs `need` repairs even with
-    no regression at all (2**-need <= alpha: 5 at alpha 0.05). So P(pass) <= P(the champion
-    fails >= need of the tasks), with its failure rate on the unplayed ones uniform a priori
-    and updated by the known outcomes: Beta(1 + failed, 1 + solved), a beta-binomial count.
-    A gate whose bound is below `futility` is stopped before it plays (`flows/verify.py`):
-    like every futility stop it can only turn an admission into a rejection, so the error
-    rate keeps its guarantee; what it costs is power where the champion is near perfect."""
-    need = next((r for r in range(1, cfg.max_tasks + 1) if binomial_p_value(r, r) <= cfg.alpha), None)
-    if need is None or need > solved + failed + unknown:
-        return 0.0
-    if failed >= need:
-        return 1.0
-    a, b, n = 1 + failed, 1 + solved, unknown
-    lg = math.lgamma
-    norm = lg(a) + lg(b) - lg(a + b)
-
-    def pmf(k: int) -> float:  # beta-binomial
-        return math.exp(
-            lg(n + 1) - lg(k + 1) - lg(n - k + 1) + lg(k + a) + lg(n - k + b) - lg(n + a + b) - norm
-        )
-
-    return min(1.0, sum(pmf(k) for k in range(need - failed, n + 1)))
-
-
 # -- fixed-n comparison design
 
 

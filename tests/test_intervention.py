@@ -17,7 +17,6 @@ from ratchet.skills.intervention import (
     PairedOutcome,
     binomial_p_value,
     fixed_n_gate,
-    pass_chance,
     sequential_gate,
     summarize,
 )
@@ -266,21 +265,3 @@ def test_a_grown_budget_admits_no_null_candidate_more_often_than_alpha() -> None
                     (admitted if effect == "null" else gain)[design] += accepted
         assert admitted["grown"] <= cfg.alpha * sims, (base, admitted)  # measured: ~1.5%
         assert gain["grown"] > gain["fixed"] + sims * 0.08, (base, gain)
-
-
-def test_the_chance_any_candidate_passes_is_bounded_by_the_tasks_the_champion_fails() -> None:
-    """A pass needs 5 repairs at alpha 0.05 even without a regression, and only a task the
-    champion fails can be repaired: the bound is 0 when fewer than 5 can be, 1 when 5 are known
-    failed, and otherwise falls as the champion is known to solve more of the tasks."""
-    cfg = GateSettings(max_tasks=64)
-    assert pass_chance(0, 4, 0, cfg) == 0.0 and pass_chance(60, 0, 4, cfg) == 0.0
-    assert pass_chance(30, 5, 29, cfg) == 1.0
-    chances = [pass_chance(solved, 0, 64 - solved, cfg) for solved in (0, 8, 16, 24, 32)]
-    assert chances == sorted(chances, reverse=True) and chances[0] > 0.8 and chances[-1] < 0.05
-    assert pass_chance(28, 4, 32, cfg) > 0.9  # the coin champion near 89%: its gates must play
-    # an upper bound: Monte Carlo of champions whose failure rate is drawn from the same
-    # posterior, each candidate repairing every failure it can
-    rng = np.random.default_rng(0)
-    rates = rng.beta(1 + 0, 1 + 24, size=20_000)
-    fails = rng.binomial(40, rates)
-    assert abs(np.mean(fails >= 5) - pass_chance(24, 0, 40, cfg)) < 0.01

@@ -25,7 +25,6 @@ from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary
 from ratchet.suites import get_suite
-from ratchet.types import Policy, PromptRecord, Task
 
 FAMILY = "reasoning-gym:chain_sum"
 
@@ -159,65 +158,25 @@ def test_the_dev_split_grows_where_the_champion_is_known_to_fail_few_tasks(tmp_p
     (16 tasks); once its baseline arm has played, the next generation's gate gets the whole
     cap (40), the first 16 tasks unchanged and first, and the gate's budget is the grown
     split. The generation's own baseline does not count: a resumed run grows it the same."""
-    from ratchet.flows.verify import champion_record, dev_split
+    from ratchet.flows.verify import dev_split
 
     with scripted_runtime(tmp_path, **{"verify.max_tasks": 40}) as rt:
         assert rt.library is not None
         champion = rt.live_policy()
-
-        def split(policy: Policy, generation: int) -> list[Task]:
-            return dev_split(rt, champion_record(rt, policy, generation))[FAMILY]
-
-        first = split(champion, 1)
+        first = dev_split(rt, champion, 1)[FAMILY]
         assert len(first) == 16
         rt.library.add(_skill("noop", "Read the question twice."))
         _verify(rt)  # the baseline arm: the champion solves its first 8 dev tasks
-        assert len(split(champion, 0)) == 16  # its own generation's baseline: not yet
-        grown = split(champion, 1)
+        assert len(dev_split(rt, champion, 0)[FAMILY]) == 16  # its own generation's baseline: not yet
+        grown = dev_split(rt, champion, 1)[FAMILY]
         assert len(grown) == 40 and [t.id for t in grown[:16]] == [t.id for t in first]
         unknown = policy_with(champion, [_skill("other", "HELPFUL: another policy.")])
-        assert len(split(unknown, 1)) == 16  # its own outcomes are not known
+        assert len(dev_split(rt, unknown, 1)[FAMILY]) == 16  # its own outcomes are not known
         rt.library.add(_skill("noop2", "Check the sum once more."))
         verdict = _verify(rt, 1).verdicts[0]
         assert verdict.skill == "noop2" and "by task 40" in verdict.decision.reason
         rt.settings.verify.min_failures = 0
-        assert len(split(champion, 1)) == 16
-
-
-def test_a_gate_over_a_champion_known_to_solve_its_dev_tasks_stops_before_playing(tmp_path: Path) -> None:
-    """Once the champion has solved every one of 32 dev tasks in earlier gates, no candidate
-    can repair enough of a 40-task split to pass: the next gate rejects without a rollout and
-    says why, and the fine-tune stage does not train an adapter for such a gate. With
-    `verify.futility = 0` (no futility stops) the gate plays as before."""
-    from ratchet.flows.finetune import finetune_stage
-    from tests.factories import traj
-
-    with scripted_runtime(tmp_path, **{"verify.max_tasks": 40, "splits.dev": 32}) as rt:
-        assert rt.library is not None
-        rt.library.add(_skill("noop", "Read the question twice."))
-        rt.settings.verify.futility = 0.0  # play all 32: the champion's record is 32 of 32 solved
-        first = _verify(rt, 0).verdicts[0]
-        assert first.decision.tasks == 32 and first.rollouts == 32
-        rt.settings.verify.futility = 0.1
-        before = rt.store.count()
-        rt.library.add(_skill("noop2", "Check the sum once more."))
-        verdict = _verify(rt, 1).verdicts[0]
-        assert verdict.status == "rejected" and verdict.rollouts == 0 and verdict.decision.tasks == 0
-        assert verdict.decision.reason.startswith("futile before playing: the champion solved 32 of the 32")
-        assert rt.store.count() == before  # not a rollout, not even the baseline arm
-        assert rt.library.history("noop2")[-1].evidence["reason"] == verdict.decision.reason
-        # the fine-tune stage: enough new successes to train, but no gate an adapter could pass
-        shown = PromptRecord(system="sys", task="Task: x\n\nObservation: s", first_observation="s", window=10)
-        won = traj(["take coin"], success=True, task=f"{FAMILY}:train:1", observations=["s"], results=["won"])
-        update = {"evolution": rt.settings.evolution, "prompt": shown, "done": True}
-        rt.store.put(won.model_copy(update=update))
-        rt.settings.finetune.min_new_successes = 1
-        result = finetune_stage(rt, generation=1)
-        assert result.counts["examples"] == 1 and result.action == "skipped" and result.version is None
-        assert result.reason.startswith("no adapter could pass its gate: futile before playing")
-        rt.settings.verify.futility = 0.0
-        rt.library.add(_skill("noop3", "Say the sum aloud."))
-        assert _verify(rt, 2).verdicts[0].rollouts > 0
+        assert len(dev_split(rt, champion, 1)[FAMILY]) == 16
 
 
 def test_a_dev_split_too_small_for_the_gate_is_a_clear_error(runtime: LoopRuntime) -> None:
