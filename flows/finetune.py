@@ -13,7 +13,7 @@ Each adapter is trained from the base model on every clean success so far (not o
 the previous adapter): reproducible from its dataset alone, and no drift compounds across
 generations. The stage is skipped when fewer than `finetune.min_new_successes` kept successes
 walk an action path no earlier adapter learned: a rollout that repeats a learned path under a
-new id is no new data, and a policy that solves its train tasks repeats them every generation.
+new id is no new data (`training/dataset.py:new_paths`).
 With a remote policy endpoint (`finetune.mode = "auto"`) there are no local weights to train:
 the stage writes the dataset as an OpenAI fine-tuning JSONL file, says where, and the loop
 goes on. `finetune.mode = "off"` skips the stage and
