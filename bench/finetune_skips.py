@@ -37,26 +37,25 @@ def main() -> None:
     args = p.parse_args()
 
     from ratchet.config import load_settings
+    from ratchet.flows.finetune import train_successes, training_dataset
     from ratchet.memory.trajectory_store import open_store
-    from ratchet.training.dataset import build_dataset, new_paths
+    from ratchet.training.dataset import new_paths
 
     data_dir = args.data / args.family.replace(":", "-")
     s = load_settings({"data_dir": data_dir, "suite": args.family, "evolution": args.evolution})
     journal = json.loads((data_dir / "evolutions" / f"{args.evolution}.json").read_text())
     finetune = {st["generation"]: st for st in journal["stages"] if st["stage"] == "finetune"}
-    kinds = {"agent", "expert"} if s.finetune.experts else {"agent"}
     store = open_store(s.trajectories_db)
     try:
-        found = store.query(evolution=args.evolution, split="train", success=True, status="finished")
+        found = train_successes(s, store)  # the stage's own query
     finally:
         store.close()
-    found = [t for t in found if t.kind in kinds]
     need = s.finetune.min_new_successes
     state = {rule: {"sources": set(), "versions": set()} for rule in ("id", "path")}
     rows: list[dict[str, Any]] = []
     for g in sorted(finetune):
         so_far = [t for t in found if t.generation <= g]
-        data = build_dataset(so_far, s.finetune.per_task, s.finetune.loops == "drop")
+        data = training_dataset(s, so_far)
         row: dict[str, Any] = {
             "generation": g,
             "successes": len(so_far),

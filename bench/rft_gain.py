@@ -40,7 +40,7 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
     from ratchet.config import load_settings
     from ratchet.flows.evaluate import evaluate_stage
     from ratchet.flows.explore import explore_stage
-    from ratchet.flows.finetune import training_dataset
+    from ratchet.flows.finetune import train_successes, training_dataset
     from ratchet.flows.launch import run_flow
     from ratchet.flows.runtime import open_runtime
     from ratchet.runtime_env import prepare_environment
@@ -74,7 +74,8 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
             t0 = time.perf_counter()
             explored = explore_stage(rt, 0, base)
             timings["explore_s"] = time.perf_counter() - t0
-            return before, explored, training_dataset(rt)  # exactly the finetune stage's data
+            successes = train_successes(rt.settings, rt.store)
+            return before, explored, training_dataset(rt.settings, successes)  # the stage's data
 
     before, explored, dataset = run_flow(before_and_explore, settings)
     found = f"{explored.report.successes}/{explored.report.n}"

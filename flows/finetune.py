@@ -40,6 +40,7 @@ from ratchet.flows import agent_versions, evaluations, progress, tracking
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
 from ratchet.flows.verify import dev_split, gate_evidence, run_gates
 from ratchet.hashing import content_hash
+from ratchet.memory.trajectory_store import TrajectoryStore
 from ratchet.server.launcher import ensure_adapter
 from ratchet.server.precision import dtype_name
 from ratchet.skills.intervention import GateDecision
@@ -74,25 +75,22 @@ def config_hash(s: Settings) -> str:
     return content_hash({"model": s.model.name, "lora": s.finetune.lora.model_dump(mode="json")}, length=12)
 
 
-def train_successes(rt: LoopRuntime) -> list[Trajectory]:
+def train_successes(s: Settings, store: TrajectoryStore) -> list[Trajectory]:
     """Every finished success of the evolution's train split so far (experts only if configured)."""
-    s = rt.settings
     kinds = {"agent", "expert"} if s.finetune.experts else {"agent"}
-    found = rt.store.query(evolution=s.evolution, split="train", success=True, status="finished")
+    found = store.query(evolution=s.evolution, split="train", success=True, status="finished")
     return [t for t in found if t.kind in kinds]
 
 
-def training_dataset(rt: LoopRuntime, successes: list[Trajectory] | None = None) -> Dataset:
+def training_dataset(s: Settings, successes: list[Trajectory]) -> Dataset:
     """The dataset the stage trains on: the clean ones of `train_successes`."""
-    s = rt.settings
-    found = train_successes(rt) if successes is None else successes
-    return build_dataset(found, s.finetune.per_task, s.finetune.loops == "drop")
+    return build_dataset(successes, s.finetune.per_task, s.finetune.loops == "drop")
 
 
 def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> FinetuneResult:
     s = rt.settings
-    successes = train_successes(rt)
-    data = training_dataset(rt, successes)
+    successes = train_successes(s, rt.store)
+    data = training_dataset(s, successes)
     counts = dict(data.counts)
     if finetune_mode(s) == "off":  # the live adapter, if any, stays live
         return FinetuneResult("skipped", "finetune.mode = 'off'", data.version, counts)
