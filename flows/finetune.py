@@ -13,7 +13,9 @@ Each adapter is trained from the base model on every clean success so far (not o
 the previous adapter): reproducible from its dataset alone, and no drift compounds across
 generations. The stage is skipped when fewer than `finetune.min_new_successes` kept successes
 walk an action path no earlier adapter learned: a rollout that repeats a learned path under a
-new id is no new data (`training/dataset.py:new_paths`).
+new id is no new data (`training/dataset.py:new_paths`), and when no adapter could pass its
+gate: the champion, greedy on the same seeds, solves so many of the dev tasks that fewer are
+left to repair than a pass needs (`flows/verify.py:foreclosed`).
 With a remote policy endpoint (`finetune.mode = "auto"`) there are no local weights to train:
 the stage writes the dataset as an OpenAI fine-tuning JSONL file, says where, and the loop
 goes on. `finetune.mode = "off"` skips the stage and
@@ -38,7 +40,7 @@ from ratchet.config import Settings
 from ratchet.files import write_text_atomic
 from ratchet.flows import agent_versions, evaluations, progress, tracking
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
-from ratchet.flows.verify import dev_split, gate_evidence, run_gates
+from ratchet.flows.verify import dev_split, foreclosed, gate_evidence, run_gates
 from ratchet.hashing import content_hash
 from ratchet.memory.trajectory_store import TrajectoryStore
 from ratchet.server.launcher import ensure_adapter
@@ -46,7 +48,7 @@ from ratchet.server.precision import dtype_name
 from ratchet.skills.intervention import GateDecision
 from ratchet.training.dataset import Dataset, build_dataset, new_paths
 from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
-from ratchet.types import Trajectory
+from ratchet.types import Policy, Task, Trajectory
 
 Action = Literal["skipped", "exported", "trained", "reused"]
 
@@ -114,6 +116,10 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
                 f"{len(new)} new clean successes (action paths no earlier adapter learned; "
                 f"finetune.min_new_successes={need})"
             )
+            return FinetuneResult("skipped", why, data.version, counts)
+        champion = rt.live_policy()
+        if (stop := foreclosed(rt, generation, champion, _dev_tasks(rt, champion, generation))) is not None:
+            why = f"no adapter could pass its gate: {stop.reason}"
             return FinetuneResult("skipped", why, data.version, counts)
         adapter, seconds = _train(rt, registry, data, who)
         action = "trained"
@@ -201,7 +207,7 @@ def _gate(
     """The adapter is an intervention: champion with vs without it, same dev tasks, same seeds."""
     s = rt.settings
     champion = rt.live_policy()
-    tasks = [t for family in dev_split(rt, champion, generation).values() for t in family]
+    tasks = _dev_tasks(rt, champion, generation)
     check_dev_size(s, {"all families": len(tasks)})
     ensure_adapter(
         rt.base_url,
@@ -222,6 +228,11 @@ def _gate(
         )
     registry.transition(adapter.name, to, who=who, why=decision.reason, evidence=evidence, expect="candidate")
     return registry.get(adapter.version)
+
+
+def _dev_tasks(rt: LoopRuntime, champion: Policy, generation: int) -> list[Task]:
+    """The adapter's gate plays the dev tasks of every family: an adapter changes them all."""
+    return [t for family in dev_split(rt, champion, generation).values() for t in family]
 
 
 def _trained_sources(registry: AdapterRegistry) -> set[str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import mlflow
@@ -34,7 +35,13 @@ from ratchet.flows import agent_versions, evaluations, tracking
 from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
 from ratchet.skills.format import Skill
-from ratchet.skills.intervention import GateDecision, PairedOutcome, grown_budget, sequential_gate
+from ratchet.skills.intervention import (
+    GateDecision,
+    PairedOutcome,
+    fewest_repairs,
+    grown_budget,
+    sequential_gate,
+)
 from ratchet.skills.replay import replay, replayed, rules_only
 from ratchet.types import Policy, Task, family_of, trajectory_id
 
@@ -84,22 +91,14 @@ def gate_config(s: Settings, dev_tasks: int) -> GateSettings:
     return GateSettings(**fields | {"max_tasks": min(s.verify.max_tasks, dev_tasks)})
 
 
-def dev_split(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, list[Task]]:
-    """Each family's dev tasks for gates against `champion`: the first `splits.dev`, more
-    where the champion is known to fail few of them (`verify.min_failures`; grown_budget).
-
-    What is known is the champion's own finished dev rollouts from earlier gates: its
-    baseline arm, or its arm as a candidate before it was promoted (same tasks, same seeds).
-    The baseline arm of this generation is left out: it is what the gates are playing now,
-    and a run resumed after a kill must grow the split exactly as the first attempt did."""
+def champion_record(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, bool]:
+    """The champion's latest outcome on each dev task it played before this generation (task
+    id -> solved): its baseline arm in earlier gates, or its arm as a candidate before it was
+    promoted (same tasks, same seeds). The baseline arm of this generation is left out: it is
+    what the gates are playing now, and a run resumed after a kill must grow the split
+    exactly as the first attempt did."""
     s = rt.settings
-    dev: dict[str, list[Task]] = defaultdict(list)
-    for task in rt.suite.tasks("dev", s.splits.dev):
-        dev[f"{task.suite}:{task.subset}"].append(task)
-    cfg = gate_config(s, s.verify.max_tasks)
-    if s.verify.min_failures == 0 or cfg.max_tasks <= s.splits.dev:
-        return dev
-    known: dict[str, dict[str, bool]] = defaultdict(dict)
+    record: dict[str, bool] = {}
     rows = rt.store.summaries(
         evolution=s.evolution, split="dev", status="finished", policy_version=champion.version
     )
@@ -108,15 +107,77 @@ def dev_split(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, l
             s.evolution, generation, t.task_id, 0, BASELINE
         ):
             continue
-        known[family_of(t.task_id)][t.task_id] = t.success
+        record[t.task_id] = t.success
+    return record
+
+
+def dev_split(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, list[Task]]:
+    """Each family's dev tasks for gates against `champion`: the first `splits.dev`, more
+    where the champion is known to fail few of them (`verify.min_failures`; grown_budget)."""
+    s = rt.settings
+    dev: dict[str, list[Task]] = defaultdict(list)
+    for task in rt.suite.tasks("dev", s.splits.dev):
+        dev[f"{task.suite}:{task.subset}"].append(task)
+    cfg = gate_config(s, s.verify.max_tasks)
+    if s.verify.min_failures == 0 or cfg.max_tasks <= s.splits.dev:
+        return dev
+    known: dict[str, list[bool]] = defaultdict(list)
+    for task_id, won in champion_record(rt, champion, generation).items():
+        known[family_of(task_id)].append(won)
     for family, tasks in dev.items():
-        budget = grown_budget(len(tasks), list(known[family].values()), cfg, s.verify.min_failures)
+        budget = grown_budget(len(tasks), known[family], cfg, s.verify.min_failures)
         if budget > len(tasks):  # this family's tasks only, in `suite.tasks`' fixed order
             subset = tasks[0].subset
             dev[family] = [
                 rt.suite.make_task(subset, "dev", k) for k in rt.suite.split_seeds(subset, "dev", budget)
             ]
     return dev
+
+
+def foreclosed(rt: LoopRuntime, generation: int, champion: Policy, tasks: list[Task]) -> GateDecision | None:
+    """A rejection decided before a gate on `tasks` against `champion` plays, or None.
+
+    Only a task the champion fails can be repaired, and no gate admits on fewer repairs than
+    `fewest_repairs` (5 at alpha 0.05). Under greedy decoding the champion's outcome on a
+    dev task is the one it had before (same task, same seed), so a champion known to solve
+    all but fewer than that many of `tasks` leaves no gain any candidate could show there:
+    not a prediction but a count, which no luck of the champion's can make wrong. Over a
+    champion that solved every dev task it played, gates otherwise play a look or two of
+    each candidate (and the fine-tune stage trains an adapter) to learn that.
+
+    The count needs the champion's outcome on every task: when its record holds at least a
+    look of these tasks but fewer failures than a pass needs, the rest of its baseline arm
+    is played here, once per champion (its record keeps them for later generations). With
+    sampled arms (`evaluate.temperature > 0`) outcomes are not fixed and nothing is decided."""
+    s = rt.settings
+    cfg = gate_config(s, len(tasks))
+    if s.evaluate.temperature != 0 or not tasks:
+        return None
+    need = fewest_repairs(cfg)
+    record = champion_record(rt, champion, generation)
+    known = {t.id: record[t.id] for t in tasks if t.id in record}
+    if len(known) < cfg.look_every or len(known) - sum(known.values()) >= need:
+        return None
+    unknown = [t for t in tasks if t.id not in known]
+    if unknown:  # the rest of its baseline arm: the same slots the gates share this generation
+        slots = [RolloutSlot(s.evolution, generation, t, 0, BASELINE) for t in unknown]
+        play(rt, [(slot, champion) for slot in slots], partial(arm_settings, s), "verify")
+        known |= {slot.task.id: _won(rt, slot) for slot in slots}
+    open_ = len(known) - sum(known.values())
+    if open_ >= need:
+        return None
+    why = (
+        f"no gain possible: the champion solves {len(known) - open_} of these {len(tasks)} dev tasks "
+        f"(greedy, same seeds), which leaves {open_} to repair, and a pass needs {need}; "
+        "more dev tasks (verify.max_tasks, splits.dev) would let a gate play over it"
+    )
+    return GateDecision("reject", why, 0, 0, 0, 0, 1.0, float(need), 0)
+
+
+def arm_settings(s: Settings, slot: RolloutSlot) -> ActorSettings:
+    """How a gate's arm plays `slot`: greedy by default, its seed the same in every arm (paired)."""
+    seed = derive_seed("verify", slot.task.id, slot.rollout)
+    return actor_settings(s, slot, s.evaluate.temperature, 0.0, seed)
 
 
 def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> VerifyResult:
@@ -191,12 +252,11 @@ def run_gates(
     All open trials advance together so their rollouts batch on the server; the baseline arm
     (the champion on a dev task) is played once and shared by every trial that needs it.
     Under greedy decoding a trial that only adds rules is replayed on the baseline first, and
-    played only on the tasks where its rules could change a call (`skills.replay`)."""
+    played only on the tasks where its rules could change a call (`skills.replay`). A trial
+    on tasks where the champion leaves too few failures to repair is rejected before it
+    plays (`foreclosed`)."""
     s = rt.settings
-
-    def settings_for(slot: RolloutSlot) -> ActorSettings:
-        seed = derive_seed("verify", slot.task.id, slot.rollout)  # the same in every arm: paired
-        return actor_settings(s, slot, s.evaluate.temperature, 0.0, seed)
+    settings_for = partial(arm_settings, s)
 
     def slot(task: Task, arm: str) -> RolloutSlot:
         return RolloutSlot(s.evolution, generation, task, 0, arm)
@@ -206,11 +266,17 @@ def run_gates(
         for name, (policy, _) in trials.items()
         if s.verify.replay and s.evaluate.temperature == 0 and rules_only(champion, policy)
     }
-    open_ = dict(trials)
     outcomes: dict[str, list[PairedOutcome]] = defaultdict(list)
     decisions: dict[str, GateDecision] = {}
     replayed: dict[str, int] = defaultdict(int)
     baseline: set[str] = set()
+    for name, (_, tasks) in trials.items():
+        if (stop := foreclosed(rt, generation, champion, tasks)) is not None:
+            decisions[name] = stop
+            ids = [slot(t, BASELINE).id for t in tasks]  # what the foreclosure played, if any
+            version = rt.suite.version
+            baseline |= rt.store.finished_ids(ids, policy_version=champion.version, suite_version=version)
+    open_ = {name: trial for name, trial in trials.items() if name not in decisions}
     look = 0
     while open_:
         items: list[tuple[RolloutSlot, Policy]] = []
@@ -243,7 +309,8 @@ def run_gates(
                 decisions[name] = decision
                 del open_[name]
         look += 1
-    return Gates(decisions, dict(outcomes), len(baseline), dict(replayed))
+    played = {name: outcomes.get(name, []) for name in trials}  # a foreclosed trial: none
+    return Gates(decisions, played, len(baseline), dict(replayed))
 
 
 def _replay(rt: LoopRuntime, base: RolloutSlot, arm: RolloutSlot, champion: Policy, policy: Policy) -> bool:

@@ -301,6 +301,18 @@ def sequential_gate(outcomes: Sequence[PairedOutcome], cfg: GateSettings) -> Gat
     return decision
 
 
+def fewest_repairs(cfg: GateSettings) -> int:
+    """The fewest repairs on which any look of the gate can admit: r with P(r of r) <= alpha
+    (5 at alpha 0.05), or `max_tasks + 1` when even a full budget of repairs cannot.
+
+    Every look spends at most alpha, and fewer repairs than this are not significant at
+    alpha even with no regression and no unchanged task, so no history of outcomes with
+    fewer repairs is admitted (tested against `sequential_gate` in tests/test_intervention.py).
+    A gate whose tasks hold fewer champion failures than this cannot admit anything."""
+    repairs = range(1, cfg.max_tasks + 1)
+    return next((r for r in repairs if binomial_p_value(r, r) <= cfg.alpha), cfg.max_tasks + 1)
+
+
 def grown_budget(dev: int, known: Sequence[bool], cfg: GateSettings, min_failures: int) -> int:
     """Dev tasks (per family) a gate against the champion plays: `dev`, grown a look at a time,
     up to `cfg.max_tasks`, until the tasks the champion is expected to fail reach

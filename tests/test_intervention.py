@@ -16,6 +16,7 @@ from ratchet.skills.intervention import (
     GateSettings,
     PairedOutcome,
     binomial_p_value,
+    fewest_repairs,
     fixed_n_gate,
     sequential_gate,
     summarize,
@@ -265,3 +266,38 @@ def test_a_grown_budget_admits_no_null_candidate_more_often_than_alpha() -> None
                     (admitted if effect == "null" else gain)[design] += accepted
         assert admitted["grown"] <= cfg.alpha * sims, (base, admitted)  # measured: ~1.5%
         assert gain["grown"] > gain["fixed"] + sims * 0.08, (base, gain)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        GateSettings(max_tasks=16),
+        GateSettings(max_tasks=64),
+        GateSettings(max_tasks=40, futility=0.0, spending_rho=0.5),
+        GateSettings(max_tasks=32, alpha=0.1, look_every=4),
+        GateSettings(max_tasks=24, alpha=0.01),
+    ],
+)
+def test_no_history_with_fewer_repairs_than_fewest_repairs_is_admitted(cfg: GateSettings) -> None:
+    """What the verify stage's foreclosure rests on: a gate whose tasks hold fewer champion
+    failures than `fewest_repairs` cannot admit, wherever the repairs fall and whatever the
+    unchanged tasks are. Exhaustive over where one short of that many repairs sit in the
+    first 16 tasks, random over the whole budget; and the bound is tight for a fixed budget."""
+    need = fewest_repairs(cfg)
+    assert need == {0.05: 5, 0.1: 4, 0.01: 7}[cfg.alpha]
+
+    def history(repairs: set[int]) -> list[PairedOutcome]:
+        return [
+            PairedOutcome(f"t{i}", i % 3 == 0 and i not in repairs, i in repairs or i % 3 == 0)
+            for i in range(cfg.max_tasks)
+        ]
+
+    for spots in itertools.combinations(range(16), need - 1):
+        assert sequential_gate(history(set(spots)), cfg).decision != "accept"
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        spots = rng.choice(cfg.max_tasks, size=need - 1, replace=False)
+        for end in range(1, cfg.max_tasks + 1):
+            assert sequential_gate(history(set(spots.tolist()))[:end], cfg).decision != "accept"
+    fixed = [PairedOutcome(f"t{i}", i >= need, True) for i in range(cfg.max_tasks)]
+    assert fixed_n_gate(fixed, cfg).decision == "accept"  # `need` repairs alone pass a fixed-n test

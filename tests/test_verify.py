@@ -25,6 +25,7 @@ from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary
 from ratchet.suites import get_suite
+from ratchet.types import PromptRecord
 
 FAMILY = "reasoning-gym:chain_sum"
 
@@ -156,8 +157,8 @@ def test_a_helpful_candidate_is_verified_and_promoted_when_the_policy_is_auto(tm
 def test_the_dev_split_grows_where_the_champion_is_known_to_fail_few_tasks(tmp_path: Path) -> None:
     """The scripted champion solves every dev task: nothing is known before its first gate
     (16 tasks); once its baseline arm has played, the next generation's gate gets the whole
-    cap (40), the first 16 tasks unchanged and first, and the gate's budget is the grown
-    split. The generation's own baseline does not count: a resumed run grows it the same."""
+    cap (40), the first 16 tasks unchanged and first. The generation's own baseline does
+    not count: a resumed run grows it the same."""
     from ratchet.flows.verify import dev_split
 
     with scripted_runtime(tmp_path, **{"verify.max_tasks": 40}) as rt:
@@ -172,11 +173,82 @@ def test_the_dev_split_grows_where_the_champion_is_known_to_fail_few_tasks(tmp_p
         assert len(grown) == 40 and [t.id for t in grown[:16]] == [t.id for t in first]
         unknown = policy_with(champion, [_skill("other", "HELPFUL: another policy.")])
         assert len(dev_split(rt, unknown, 1)[FAMILY]) == 16  # its own outcomes are not known
-        rt.library.add(_skill("noop2", "Check the sum once more."))
-        verdict = _verify(rt, 1).verdicts[0]
-        assert verdict.skill == "noop2" and "by task 40" in verdict.decision.reason
         rt.settings.verify.min_failures = 0
         assert len(dev_split(rt, champion, 1)[FAMILY]) == 16
+
+
+def test_a_gate_no_candidate_could_pass_is_rejected_before_it_plays(tmp_path: Path) -> None:
+    """The champion solves every dev task. Its first gate plays a look (8 tasks); in the next
+    generation the split has grown to 40 and the rest of its baseline arm (32 rollouts, no
+    candidate arm) shows it solves all 40: with nothing to repair no candidate can pass, so
+    the gate is rejected before the candidate plays, and says why. A generation later the
+    record holds all 40 and the same happens without a rollout; the fine-tune stage trains
+    no adapter for such a gate. Sampled arms decide nothing in advance."""
+    from ratchet.flows.finetune import finetune_stage
+    from tests.factories import traj
+
+    with scripted_runtime(tmp_path, **{"verify.max_tasks": 40}) as rt:
+        assert rt.library is not None
+        rt.library.add(_skill("noop", "Read the question twice."))
+        assert _verify(rt, 0).verdicts[0].rollouts == 8
+        before = rt.store.count()
+        rt.library.add(_skill("noop2", "Check the sum once more."))
+        result = _verify(rt, 1)
+        verdict = result.verdicts[0]
+        assert verdict.status == "rejected" and verdict.rollouts == 0 and verdict.decision.tasks == 0
+        assert verdict.decision.reason.startswith("no gain possible: the champion solves 40 of these 40")
+        assert "leaves 0 to repair, and a pass needs 5" in verdict.decision.reason
+        assert rt.store.count() - before == result.baseline_rollouts == 32  # the baseline arm only
+        assert {t.arm for t in rt.store.query(split="dev", generation=1)} == {BASELINE}
+        assert rt.library.history("noop2")[-1].evidence["reason"] == verdict.decision.reason
+        before = rt.store.count()
+        rt.library.add(_skill("noop3", "Say the sum aloud."))
+        result = _verify(rt, 2)
+        assert result.verdicts[0].status == "rejected" and result.baseline_rollouts == 0
+        assert rt.store.count() == before
+        # the fine-tune stage: enough new successes to train, but no gate an adapter could pass
+        shown = PromptRecord(system="sys", task="Task: x\n\nObservation: s", first_observation="s", window=10)
+        won = traj(["take coin"], success=True, task=f"{FAMILY}:train:1", observations=["s"], results=["won"])
+        rt.store.put(
+            won.model_copy(update={"evolution": rt.settings.evolution, "prompt": shown, "done": True})
+        )
+        rt.settings.finetune.min_new_successes = 1
+        tuned = finetune_stage(rt, generation=2)
+        assert tuned.counts["examples"] == 1 and tuned.action == "skipped" and tuned.version is None
+        assert tuned.reason.startswith("no adapter could pass its gate: no gain possible")
+        rt.settings.evaluate.temperature = 0.5  # sampled arms: the gate plays
+        rt.library.add(_skill("noop4", "Say the sum twice."))
+        assert _verify(rt, 3).verdicts[0].rollouts > 0
+
+
+@pytest.mark.parametrize("failed, closed", [(4, True), (5, False)])
+def test_a_gate_is_foreclosed_only_when_fewer_failures_than_a_pass_needs_are_left(
+    tmp_path: Path, failed: int, closed: bool
+) -> None:
+    """The count is exact: with the champion's outcome on all 16 tasks known, 4 failures
+    (one short of the 5 repairs a pass needs at alpha 0.05) close the gate, 5 keep it open.
+    Outcomes of another policy version, or of this generation's baseline, are not its record."""
+    from ratchet.flows.verify import foreclosed
+    from ratchet.types import trajectory_id
+    from tests.factories import traj
+
+    with scripted_runtime(tmp_path) as rt:
+        champion, s = rt.live_policy(), rt.settings
+        tasks = rt.suite.tasks("dev", 16)
+        for i, task in enumerate(tasks):
+            for generation, version in [(0, champion.version), (1, champion.version), (0, "other")]:
+                arm = BASELINE if version == champion.version else "cand-x"
+                t = traj(["x"], success=i >= failed if generation == 0 and arm == BASELINE else False)
+                tid = trajectory_id(s.evolution, generation, task.id, 0, arm)
+                update = {"id": tid, "evolution": s.evolution, "generation": generation, "arm": arm}
+                update |= {"task_id": task.id, "suite": task.suite, "subset": task.subset, "split": "dev"}
+                rt.store.put(t.model_copy(update=update | {"policy_version": version}))
+        before = rt.store.count()
+        stop = foreclosed(rt, 1, champion, tasks)
+        assert rt.store.count() == before  # everything was known: nothing played
+        assert (stop is not None) == closed
+        if stop is not None:
+            assert f"solves {16 - failed} of these 16" in stop.reason and stop.decision == "reject"
 
 
 def test_a_dev_split_too_small_for_the_gate_is_a_clear_error(runtime: LoopRuntime) -> None:
