@@ -216,9 +216,10 @@ def test_a_gate_no_candidate_could_pass_is_rejected_before_it_plays(tmp_path: Pa
         tuned = finetune_stage(rt, generation=2)
         assert tuned.counts["examples"] == 1 and tuned.action == "skipped" and tuned.version is None
         assert tuned.reason.startswith("no adapter could pass its gate: no gain possible")
-        rt.settings.evaluate.temperature = 0.5  # sampled arms: the gate plays
+        rt.settings.evaluate.temperature = 0.5  # sampled arms: the gate plays, on the grown split
         rt.library.add(_skill("noop4", "Say the sum twice."))
-        assert _verify(rt, 3).verdicts[0].rollouts > 0
+        sampled = _verify(rt, 3).verdicts[0]
+        assert sampled.rollouts > 0 and "by task 40" in sampled.decision.reason
 
 
 @pytest.mark.parametrize("failed, closed", [(4, True), (5, False)])
