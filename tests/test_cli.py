@@ -100,7 +100,17 @@ def test_run_starts_its_own_server_then_browse_trajectories(tmp_path, base_model
     then the trajectories, failures and skills it stored are browsed from the CLI."""
     _share_converted_model(tmp_path, base_model_dir)
     proc = ratchet(
-        "--suite", "reasoning-gym:chain_sum", "run", "--train", "1", "--test", "2", "-k", "2", cwd=tmp_path
+        "--suite",
+        "reasoning-gym:chain_sum",
+        "run",
+        "--train",
+        "1",
+        "--test",
+        "2",
+        "-k",
+        "2",
+        cwd=tmp_path,
+        env={"RATCHET_MAX_STEPS": "2"},  # 2 of the suite's 6 steps: the same stages, a third of the decode
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "explore" in proc.stdout and "evaluate" in proc.stdout and "MLflow run" in proc.stdout
