@@ -154,6 +154,7 @@ def foreclosed(rt: LoopRuntime, generation: int, champion: Policy, tasks: list[T
     if s.evaluate.temperature != 0 or not tasks:
         return None
     need = fewest_repairs(cfg)
+    tasks = tasks[: cfg.max_tasks]  # the gate plays no more than these
     record = champion_record(rt, champion, generation)
     known = {t.id: record[t.id] for t in tasks if t.id in record}
     if len(known) < cfg.look_every or len(known) - sum(known.values()) >= need:

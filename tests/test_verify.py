@@ -222,24 +222,28 @@ def test_a_gate_no_candidate_could_pass_is_rejected_before_it_plays(tmp_path: Pa
         assert sampled.rollouts > 0 and "by task 40" in sampled.decision.reason
 
 
-@pytest.mark.parametrize("failed, closed", [(4, True), (5, False)])
+@pytest.mark.parametrize(
+    "failing, max_tasks, closed",
+    [(range(4), 64, "12 of these 16"), (range(5), 64, None), (range(11, 16), 8, "8 of these 8")],
+)
 def test_a_gate_is_foreclosed_only_when_fewer_failures_than_a_pass_needs_are_left(
-    tmp_path: Path, failed: int, closed: bool
+    tmp_path: Path, failing: range, max_tasks: int, closed: str | None
 ) -> None:
     """The count is exact: with the champion's outcome on all 16 tasks known, 4 failures
-    (one short of the 5 repairs a pass needs at alpha 0.05) close the gate, 5 keep it open.
+    (one short of the 5 repairs a pass needs at alpha 0.05) close the gate, 5 keep it open,
+    and 5 failures after the 8 tasks a gate of `verify.max_tasks = 8` plays do not count.
     Outcomes of another policy version, or of this generation's baseline, are not its record."""
     from ratchet.flows.verify import foreclosed
     from ratchet.types import trajectory_id
     from tests.factories import traj
 
-    with scripted_runtime(tmp_path) as rt:
+    with scripted_runtime(tmp_path, **{"verify.max_tasks": max_tasks}) as rt:
         champion, s = rt.live_policy(), rt.settings
         tasks = rt.suite.tasks("dev", 16)
         for i, task in enumerate(tasks):
             for generation, version in [(0, champion.version), (1, champion.version), (0, "other")]:
                 arm = BASELINE if version == champion.version else "cand-x"
-                t = traj(["x"], success=i >= failed if generation == 0 and arm == BASELINE else False)
+                t = traj(["x"], success=i not in failing if generation == 0 and arm == BASELINE else False)
                 tid = trajectory_id(s.evolution, generation, task.id, 0, arm)
                 update = {"id": tid, "evolution": s.evolution, "generation": generation, "arm": arm}
                 update |= {"task_id": task.id, "suite": task.suite, "subset": task.subset, "split": "dev"}
@@ -247,9 +251,9 @@ def test_a_gate_is_foreclosed_only_when_fewer_failures_than_a_pass_needs_are_lef
         before = rt.store.count()
         stop = foreclosed(rt, 1, champion, tasks)
         assert rt.store.count() == before  # everything was known: nothing played
-        assert (stop is not None) == closed
+        assert (stop is not None) == (closed is not None)
         if stop is not None:
-            assert f"solves {16 - failed} of these 16" in stop.reason and stop.decision == "reject"
+            assert f"solves {closed} dev tasks" in stop.reason and stop.decision == "reject"
 
 
 def test_a_dev_split_too_small_for_the_gate_is_a_clear_error(runtime: LoopRuntime) -> None:
