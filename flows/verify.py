@@ -150,9 +150,9 @@ def foreclosed(rt: LoopRuntime, generation: int, champion: Policy, tasks: list[T
     is played here, once per champion (its record keeps them for later generations). With
     sampled arms (`evaluate.temperature > 0`) outcomes are not fixed and nothing is decided."""
     s = rt.settings
-    cfg = gate_config(s, len(tasks))
     if s.evaluate.temperature != 0 or not tasks:
         return None
+    cfg = gate_config(s, len(tasks))
     need = fewest_repairs(cfg)
     tasks = tasks[: cfg.max_tasks]  # the gate plays no more than these
     record = champion_record(rt, champion, generation)
@@ -271,12 +271,17 @@ def run_gates(
     decisions: dict[str, GateDecision] = {}
     replayed: dict[str, int] = defaultdict(int)
     baseline: set[str] = set()
+    closed: dict[tuple[str, ...], GateDecision | None] = {}  # trials of one family share their tasks
     for name, (_, tasks) in trials.items():
-        if (stop := foreclosed(rt, generation, champion, tasks)) is not None:
+        key = tuple(t.id for t in tasks)
+        if key not in closed:
+            closed[key] = foreclosed(rt, generation, champion, tasks)
+            if closed[key] is not None:  # what the foreclosure played, if any
+                ids = [slot(t, BASELINE).id for t in tasks]
+                version = rt.suite.version
+                baseline |= rt.store.finished_ids(ids, policy_version=champion.version, suite_version=version)
+        if (stop := closed[key]) is not None:
             decisions[name] = stop
-            ids = [slot(t, BASELINE).id for t in tasks]  # what the foreclosure played, if any
-            version = rt.suite.version
-            baseline |= rt.store.finished_ids(ids, policy_version=champion.version, suite_version=version)
     open_ = {name: trial for name, trial in trials.items() if name not in decisions}
     look = 0
     while open_:
