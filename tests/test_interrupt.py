@@ -36,6 +36,8 @@ def _finished(db: Path) -> list[tuple[str, int]]:
 
 
 @pytest.mark.integration
+# ~2 min of a real explore; CI checks the signal path (below) and resuming (test_flows, test_evolve)
+@pytest.mark.slow
 def test_ctrl_c_during_explore_stops_in_one_line_and_the_rerun_resumes(
     tmp_path: Path, embedded_server: str
 ) -> None:

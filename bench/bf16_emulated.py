@@ -1,0 +1,76 @@
+"""What bf16 costs on a CPU without bf16 units, measured on one that has them.
+
+    .venv/bin/python bench/bf16_emulated.py [--rounds 3] [--name bf16_emulated]
+
+CI runs on machines of both kinds. Where the CPU has no AVX512-BF16 or AMX-BF16, torch
+emulates bf16 products, and the LoRA test that trains under bf16 autocast ran past its 900 s
+limit there. This reproduces that path side by side with the native one: each measurement runs
+in a fresh process, once as the CPU is (`native`) and once with oneDNN held to AVX2
+(`ONEDNN_MAX_CPU_ISA=AVX2`, the instruction set of those machines, where oneDNN has no bf16
+kernel). It times, in fp32 and in bf16, a linear of the shapes the model has (256 tokens x 576
+-> 1,536, an MLP up-projection) forward and backward, and reports ms per pass and the ratio
+bf16 / fp32 under each ISA. No model, no server; under a minute.
+
+Writes bench/results/<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ISAS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+CHILD = """
+import json, sys, time, torch
+torch.manual_seed(0)
+rounds = int(sys.argv[1])
+out = {}
+for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+    x = torch.randn(256, 576, dtype=dtype, requires_grad=True)
+    w = torch.randn(1536, 576, dtype=dtype, requires_grad=True)
+    torch.nn.functional.linear(x, w).sum().backward()  # warm-up: oneDNN builds its kernels
+    start = time.perf_counter()
+    for _ in range(rounds):
+        torch.nn.functional.linear(x, w).sum().backward()
+    out[name] = 1000 * (time.perf_counter() - start) / rounds
+print(json.dumps(out))
+"""
+
+
+def measure(isa: str, rounds: int) -> dict[str, float]:
+    env = {**os.environ, **ISAS[isa]}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(rounds)], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    from bench._setup import write_result
+    from ratchet.server.precision import native_bf16
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--name", default="bf16_emulated")
+    args = ap.parse_args()
+    rows = {isa: measure(isa, args.rounds) for isa in ISAS}
+    for row in rows.values():
+        row["bf16_over_fp32"] = round(row["bfloat16"] / row["float32"], 2)
+        row.update({k: round(v, 1) for k, v in row.items() if k != "bf16_over_fp32"})
+    summary = {
+        "cpu_has_bf16_units": native_bf16(),
+        "ms_per_forward_backward": rows,
+        "emulated_over_native_bf16": round(rows["avx2"]["bfloat16"] / rows["native"]["bfloat16"], 1),
+    }
+    write_result(args.name, summary, {"args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()
