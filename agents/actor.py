@@ -14,9 +14,11 @@ that raises loses its state update, but its step is still appended to `context.s
 Errors the model causes (no tool call, an invalid action) are shown to it and the episode
 goes on; errors in our code or the environment propagate. A reply without a tool call stays
 in the history with a note on what went wrong, so the next ask differs from it even under
-greedy decoding (the same prompt would give the same reply). An episode that takes text
-replies (`Episode.text_replies`) is offered `tool_choice="auto"`, and a text reply is its
-turn: the episode reads it (`Episode.reply`) like a tool call.
+greedy decoding (the same prompt would give the same reply). At a step where the episode
+offers a text reply (`Episode.offers_text_reply`, from `Episode.text_replies`: never, always,
+or to end a turn that has made a call) the model is offered `tool_choice="auto"`, else
+"required"; a text reply it takes is the step's action: the episode reads it
+(`Episode.reply`) like a tool call, and it ends the turn (`RolloutContext.calls_this_turn`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class RolloutContext:
     outcome: StepResult | None = None
     pending: Step | None = None
     tried: list[Tried] = field(default_factory=list)  # (observation, action) of every played step
+    calls_this_turn: int = 0  # calls played since the start or the last text reply the episode took
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +129,7 @@ def build_actor(llm: BaseChatModel) -> Any:
         step = Step(index=len(ctx.steps), observation=join_options(ctx.observation, ctx.options))
         started = time.perf_counter()
         try:
+            text_ok = ctx.episode.offers_text_reply(ctx.calls_this_turn)  # decided once per step
             call = None
             if ctx.settings.epsilon > 0 and ctx.rng.random() < ctx.settings.epsilon:
                 call = ctx.episode.random_action(ctx.rng)
@@ -138,10 +142,10 @@ def build_actor(llm: BaseChatModel) -> Any:
                     ],
                 )
             else:
-                msg = _ask(llm, state, ctx, step)
+                msg = _ask(llm, state, ctx, step, text_ok)
             step.message = str(msg.content or "")
             if not msg.tool_calls:
-                if ctx.episode.text_replies:  # the reply is the turn: the episode reads it
+                if text_ok:  # the reply is the step's action: the episode reads it
                     ctx.pending = step
                     return {"messages": [AIMessage(content=step.message)]}
                 step.error = NO_TOOL_CALL
@@ -169,9 +173,11 @@ def build_actor(llm: BaseChatModel) -> Any:
         try:
             if step.tool_call is None:
                 result = ctx.episode.reply(step.message)
+                ctx.calls_this_turn = 0  # a text reply the episode took ends the turn
             else:
                 result = _traced(ctx, step.tool_call)
                 ctx.tried.append(Tried(normal(ctx.observation), call_text(step.tool_call)))
+                ctx.calls_this_turn += 1
             step.tool_result, step.reward = result.observation, result.reward
             ctx.options = result.options
             if result.done:
@@ -209,8 +215,9 @@ def build_actor(llm: BaseChatModel) -> Any:
     return graph.compile(name="actor")
 
 
-def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step) -> AIMessage:
-    """One model call: system prompt with skills, the task, the last few steps; tool choice required."""
+def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step, text_ok: bool) -> AIMessage:
+    """One model call: system prompt with skills, the task, the last few steps; a tool call is
+    required unless the episode offers a text reply at this step (`text_ok`: "auto")."""
     prompt = build_prompt(
         ctx.system_text,
         state["task"],
@@ -221,8 +228,7 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step)
     )
     seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
     tools = ctx.tool_defs(step)
-    text = ctx.episode.text_replies
-    bound = llm.bind_tools(tools, tool_choice="auto" if text else "required") if tools else llm
+    bound = llm.bind_tools(tools, tool_choice="auto" if text_ok else "required") if tools else llm
     options: dict[str, Any] = {"temperature": ctx.settings.temperature, "seed": seed}
     if ctx.settings.max_tokens is not None:
         options["max_tokens"] = ctx.settings.max_tokens

@@ -218,6 +218,7 @@ def evolve(
     train: Annotated[int | None, typer.Option(help="train tasks per subset")] = None,
     test: Annotated[int | None, typer.Option(help="test tasks per subset")] = None,
     k: Annotated[int | None, typer.Option("-k", help="rollouts per train task")] = None,
+    dev: Annotated[int | None, typer.Option(help="dev tasks per subset (the gate's budget)")] = None,
 ) -> None:
     """Evolve: generation 0 is the baseline, then explore → … → evaluate per generation (rerun = resume)."""
     with guard():
@@ -225,6 +226,7 @@ def evolve(
             **{
                 "evolve.generations": generations,
                 "splits.train": train,
+                "splits.dev": dev,
                 "splits.test": test,
                 "explore.rollouts_per_task": k,
             }
@@ -342,21 +344,42 @@ def dashboard(
 
 @app.command()
 def doctor() -> None:
-    """Check the installation: Java, the shipped model, the suites, the tool sandbox."""
+    """Check the installation: Java, the shipped model, the suites, the tool sandbox. Every
+    suite is checked, a broken one is a line of its own, and the exit code is then 2."""
     with guard():
         from ratchet.server.weights import shipped_gguf
         from ratchet.skills.sandbox import SandboxUnavailableError, check_isolation
-        from ratchet.suites import available_suites, get_suite
+        from ratchet.suites.registry import available_suites, failure_line, get_suite
 
         console.print(f"model weights: {shipped_gguf()}")
+        broken = []
         for name in sorted(available_suites()):
-            get_suite(name).check()
+            try:
+                suite = get_suite(name)
+                try:
+                    suite.check()
+                finally:
+                    suite.close()
+            except Exception as exc:  # noqa: BLE001 - one broken plug-in must not hide the others
+                why = failure_line(exc)
+                err.print(f"[bold red]suite {name}: error:[/] {why}", highlight=False, soft_wrap=True)
+                broken.append(name)
+                continue
             console.print(f"suite {name}: ok")
         try:
             check_isolation()
             console.print("tool sandbox (bubblewrap): ok")
         except SandboxUnavailableError as exc:  # the loop runs; only tool candidates are refused
             err.print(f"[yellow]warning:[/] {exc} (until then, tool candidates are refused)", highlight=False)
+        if broken:
+            err.print(
+                f"{len(broken)} suite plug-in(s) failed: {', '.join(broken)}; fix or reinstall them "
+                "(`ratchet suites list` shows each; a plug-in written for the first suite contract: "
+                "docs/extending.md, 'Porting a plug-in from the first contract')",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(2)
         console.print("[green]ratchet is installed[/]")
 
 

@@ -7,11 +7,17 @@ A plug-in author runs it three ways, all over the same checks:
 * in code, `ratchet.conformance.check_suite(suite)` returns a `CheckResult` per check.
 
 What it checks (each on a few tasks of every subset and split, no model involved): ids
-replay (`load(id)` gives the same task, `make_task` is pure), splits are fixed and disjoint
-and refuse a size they do not have, tool schemas are JSON schemas a server can constrain a
-call with, expert trajectories pass the verifier, wrong answers fail it, invalid model input
-raises `ActionError` (never another exception), an episode played by the real actor graph
-with a scripted model keeps going after invalid input, and the version is stable.
+replay (`load(id)` gives the same task, `make_task` is pure), split sizes are declared and
+splits are fixed and disjoint and refuse a size they do not have, tool schemas are JSON
+schemas a server can constrain a call with, expert trajectories pass the verifier, their
+replies fit the output budget in the served model's tokens and answer in words only where
+the episode offers it, wrong answers fail the verifier, invalid model input raises
+`ActionError` (never another exception), an episode played by the real actor graph with a
+scripted model keeps going after invalid input, and the version is declared and stable.
+
+A plug-in written for the first contract fails the checks of what that contract lacked,
+each saying what to add (docs/extending.md, "Porting a plug-in from the first contract").
+A check that cannot run here (no tokenizer to count with) is skipped with its reason.
 
 What it cannot check: that the verifier is *right* (only that a reference solution passes
 and junk does not), thread safety under many rollouts, or how long a task takes.
@@ -30,7 +36,8 @@ from jsonschema.exceptions import SchemaError
 from ratchet.agents.actor import ActorSettings, build_actor
 from ratchet.agents.rollout import RolloutSlot, run_expert, run_rollout
 from ratchet.agents.testing import ScriptedChatModel, call
-from ratchet.suites.base import ActionError, Episode, StepResult, Suite
+from ratchet.conformance.budget import counter, kit_options, options, reply_text
+from ratchet.suites.base import PORTING_NOTE, ActionError, Episode, StepResult, Suite
 from ratchet.types import SPLITS, Policy, Split, Task, ToolCall, ToolSpec, parse_task_id, task_id
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept
@@ -41,11 +48,16 @@ class ConformanceError(AssertionError):
     """A promise of the suite contract that the suite does not keep."""
 
 
+class CheckSkipped(Exception):
+    """A check that cannot run here (e.g. no tokenizer to count with); the message says why."""
+
+
 @dataclass(frozen=True)
 class CheckResult:
     name: str
     ok: bool
-    detail: str  # what failed, or what was covered
+    detail: str  # what failed, or what was covered, or why it was skipped
+    skipped: bool = False  # ok, but nothing was checked
 
 
 Check = Callable[[Suite, int], str]
@@ -58,16 +70,29 @@ def check(fn: Check) -> Check:
     return fn
 
 
-def check_suite(suite: Suite, tasks_per_split: int = 3) -> list[CheckResult]:
-    """Every check on `suite`; one result each, a broken promise never stops the others."""
+def check_suite(
+    suite: Suite, tasks_per_split: int = 3, *, tokenizer: Any = None, max_tokens: int | None = None
+) -> list[CheckResult]:
+    """Every check on `suite`; one result each, a broken promise never stops the others.
+
+    `tokenizer` counts reply tokens for the output-budget check: a tokenizer directory or
+    name, a tokenizer, or a function of text (default: the shipped model's); `max_tokens` is
+    the budget of a task that sets none (default: the `model.max_tokens` setting's default)."""
     out = []
-    for name, fn in CHECKS.items():
-        try:
-            out.append(CheckResult(name, True, fn(suite, tasks_per_split)))
-        except Exception as exc:  # noqa: BLE001 - a plug-in's bug is a failed check, reported in one line
-            detail = str(exc) if isinstance(exc, ConformanceError) else f"{type(exc).__name__}: {exc}"
-            out.append(CheckResult(name, False, " ".join(detail.split())[:300]))
+    with kit_options(tokenizer, max_tokens):
+        for name, fn in CHECKS.items():
+            out.append(run_check(name, fn, suite, tasks_per_split))
     return out
+
+
+def run_check(name: str, fn: Check, suite: Suite, n: int) -> CheckResult:
+    try:
+        return CheckResult(name, True, fn(suite, n))
+    except CheckSkipped as exc:
+        return CheckResult(name, True, f"skipped: {exc}", skipped=True)
+    except Exception as exc:  # noqa: BLE001 - a plug-in's bug is a failed check, reported in one line
+        detail = str(exc) if isinstance(exc, ConformanceError) else f"{type(exc).__name__}: {exc}"
+        return CheckResult(name, False, " ".join(detail.split())[:500])
 
 
 def sample(suite: Suite, split: Split, n: int) -> list[Task]:
@@ -122,8 +147,41 @@ def ids_replay(suite: Suite, n: int) -> str:
 
 
 @check
+def split_sizes_declared(suite: Suite, n: int) -> str:
+    """`split_sizes` is declared, with a size (or None: generated, as many as asked) for every
+    split: `ratchet suites list` shows them, and a split can only be checked to refuse a size
+    it lacks where its size is known."""
+    if type(suite).split_sizes is Suite.split_sizes:
+        raise ConformanceError(
+            "Suite.split_sizes is not declared: add `def split_sizes(self, subset: str) -> "
+            "dict[Split, int | None]` returning how many tasks each split of the subset holds, e.g. "
+            "{'train': 800, 'dev': 100, 'test': 100} (None for a generated split with no end); without "
+            "it the kit cannot check that a split refuses a size it lacks "
+            f"(see {PORTING_NOTE})"
+        )
+    shown = []
+    for subset in suite.subsets:
+        sizes = suite.split_sizes(subset)
+        _require(
+            sorted(sizes) == sorted(SPLITS),
+            f"{subset}: split_sizes gives {sorted(sizes)}, not one size for each of train, dev, test",
+        )
+        for split in SPLITS:
+            size = sizes[split]
+            _require(
+                size is None or (type(size) is int and size >= 0),
+                f"{subset} {split}: split size {size!r} is not a count (an int >= 0) or None",
+            )
+        shown.append(
+            f"{subset} " + "/".join("generated" if sizes[s] is None else f"{sizes[s]:,}" for s in SPLITS)
+        )
+    return "train/dev/test: " + ", ".join(shown)
+
+
+@check
 def splits_fixed_and_disjoint(suite: Suite, n: int) -> str:
     """Keys come in a fixed order, no key is in two splits, a split refuses a size it lacks."""
+    unsized = 0
     for subset in suite.subsets:
         sizes = suite.split_sizes(subset)
         keys: dict[Split, list[Any]] = {}
@@ -156,7 +214,11 @@ def splits_fixed_and_disjoint(suite: Suite, n: int) -> str:
             shared = sorted(map(str, set(keys[a]) & set(keys[b])))  # type: ignore[index]
             if shared:
                 raise ConformanceError(f"{subset}: key {shared[0]} is in both {a} and {b}")
-    return f"{len(suite.subsets)} subsets × 3 splits"
+        unsized += sum(sizes[split] is None for split in SPLITS)
+    done = f"{len(suite.subsets)} subsets × 3 splits"
+    if unsized:
+        return f"{done}; refusal of a size not checked for {unsized} generated splits (split_sizes: None)"
+    return done
 
 
 @check
@@ -169,7 +231,8 @@ def tool_schemas(suite: Suite, n: int) -> str:
             episode.reset()
             tools = episode.tools()
             _require(
-                bool(tools) or episode.text_replies, f"{task.id}: no tools, and text replies are not taken"
+                bool(tools) or episode.text_reply_mode() != "never",
+                f"{task.id}: no tools, and text replies are not taken",
             )
             for tool in tools:
                 _check_tool(task, tool)
@@ -232,6 +295,77 @@ def _reference_fails(suite: Suite, task: Task) -> bool:
 
 
 @check
+def replies_fit_the_output_budget(suite: Suite, n: int) -> str:
+    """Each action of a reference solution, as the model would write it, fits its task's
+    output budget (`max_tokens`) in the served model's tokens: else a policy cannot write
+    the expert's move, and an expert trajectory trains it on replies it is never let finish."""
+    try:
+        count = counter(options().tokenizer)
+    except Exception as exc:  # noqa: BLE001 - no tokenizer here is a skip, with what was missing
+        raise CheckSkipped(
+            f"no tokenizer to count reply tokens with ({' '.join(str(exc).split())}); give the kit one: "
+            "check_suite(tokenizer=...), SuiteConformance.tokenizer or `ratchet suites check --tokenizer`"
+        ) from None
+    longest, of, measured = 0, options().max_tokens, 0
+    for task in sample(suite, "train", n):
+        with suite.episode(task) as episode:
+            episode.reset()
+            plan = episode.expert_actions() or []
+        budget = task.max_tokens or options().max_tokens
+        for action in plan[: task.max_steps]:
+            text = reply_text(action)
+            tokens = count.count(text) + 1  # and the end token
+            measured += 1
+            if tokens > budget:
+                shown = text if len(text) <= 80 else text[:77] + "..."
+                own = "the task's max_tokens" if task.max_tokens else "the task sets none: model.max_tokens"
+                raise ConformanceError(
+                    f"{task.id}: the reference reply {shown} is {tokens} tokens of {count.name} (with "
+                    f"its end token), over the output budget of {budget} ({own}): set Suite.max_tokens "
+                    f"(or max_tokens= in new_task) to at least {tokens}"
+                )
+            if tokens > longest:
+                longest, of = tokens, budget
+    if not measured:
+        return "no reference solutions to measure (optional)"
+    return f"longest reference reply: {longest} tokens of the {of} allowed ({count.name})"
+
+
+@check
+def text_replies_where_offered(suite: Suite, n: int) -> str:
+    """`Episode.text_replies` is a mode the actor knows, and a reference solution answers in
+    words only at a step where the episode offers a text reply (`offers_text_reply`): the
+    actor requires a tool call at the others, so a constrained model could never write it."""
+    texts, modes = 0, set()
+    for task in sample(suite, "train", n):
+        with suite.episode(task) as episode:
+            episode.reset()
+            try:
+                modes.add(episode.text_reply_mode())
+            except ValueError as exc:
+                raise ConformanceError(f"{task.id}: {exc}") from None
+            calls = 0
+            for i, action in enumerate((episode.expert_actions() or [])[: task.max_steps]):
+                if isinstance(action, str):
+                    _require(
+                        episode.offers_text_reply(calls),
+                        f"{task.id}: step {i + 1} of the reference solution is a text reply where the "
+                        f"actor requires a tool call (text_replies = {episode.text_replies!r}, {calls} "
+                        "calls in this turn): call a tool first, or offer text there (text_replies "
+                        '"always", or override offers_text_reply)',
+                    )
+                    texts += 1
+                try:
+                    result = episode.play(action)
+                except ActionError:  # a refused plan is experts_pass's to report
+                    break
+                calls = 0 if isinstance(action, str) else calls + 1
+                if result.done:
+                    break
+    return f"text replies: {', '.join(sorted(modes))}; {texts} in reference solutions, each where offered"
+
+
+@check
 def wrong_answers_fail(suite: Suite, n: int) -> str:
     """Junk answers (a nonsense string for every string argument, outside any enum; a text
     reply of junk) are refused (`ActionError`) or played, but never verified as a success."""
@@ -265,7 +399,7 @@ def _play_fresh(suite: Suite, task: Task, action: ToolCall | str) -> StepResult 
 def _junk_actions(suite: Suite, task: Task) -> list[ToolCall | str]:
     with suite.episode(task) as episode:
         episode.reset()
-        tools, text = episode.tools(), episode.text_replies
+        tools, text = episode.tools(), episode.text_reply_mode() != "never"
     out: list[ToolCall | str] = [JUNK] if text else []
     for tool in tools:
         props = tool.parameters.get("properties", {})
@@ -339,6 +473,21 @@ class _Script:
             return call("no_such_tool_x")
         action = self.junk[(self.turn - 2) % len(self.junk)]
         return AIMessage(content=action) if isinstance(action, str) else call(action.name, **action.args)
+
+
+@check
+def version_declared(suite: Suite, n: int) -> str:
+    """The suite declares its version (`declared_version`): the fallback, a hash of the
+    package's code, changes with any edit, and ratchet refuses to resume an evolution played
+    on another version."""
+    if suite.declared_version or type(suite).version is not Suite.version:
+        return f"version {suite.version!r} declared"
+    raise ConformanceError(
+        'Suite.declared_version is not set: add `declared_version = "1"` to the suite class and bump '
+        "it when a task or its verdict changes; without it the version is a hash of your package's "
+        f"code ({suite.version}), so any edit (a comment, a test) is a new version and resuming an "
+        f"evolution played on the old one is refused (see {PORTING_NOTE})"
+    )
 
 
 @check

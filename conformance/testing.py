@@ -5,26 +5,32 @@
     class TestMySuite(SuiteConformance):
         suite_spec = "my-suite"            # what `ratchet -s` takes: 'name' or 'name:subset,subset'
         tasks_per_split = 3                # tasks of each subset and split the checks look at
+        tokenizer = None                   # whose tokens the output budget is counted in:
+                                           # None = the shipped model's; or a tokenizer dir or name
 
 One test per check of `ratchet.conformance.suite` (a failure says which promise broke and
-on which task); the suite is built once per class. Override the classmethod `make_suite`
-to build it yourself (e.g. from a test fixture's data). Needs pytest; the checks themselves do not.
+on which task, a check that cannot run here is skipped with why); the suite is built once
+per class. Override the classmethod `make_suite` to build it yourself (e.g. from a test
+fixture's data). Needs pytest; the checks themselves do not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
-from ratchet.conformance.suite import CHECKS, ConformanceError
+from ratchet.conformance.budget import kit_options
+from ratchet.conformance.suite import CHECKS, CheckSkipped, ConformanceError
 from ratchet.suites import Suite, get_suite
 
 
 class SuiteConformance:
     suite_spec: ClassVar[str] = ""
     tasks_per_split: ClassVar[int] = 3
+    tokenizer: ClassVar[Any] = None  # see `check_suite(tokenizer=...)`
+    max_tokens: ClassVar[int | None] = None  # the budget of a task that sets none (`model.max_tokens`)
 
     @classmethod
     def make_suite(cls) -> Suite:
@@ -42,13 +48,21 @@ class SuiteConformance:
             suite.close()
 
     def _check(self, name: str, suite: Suite) -> None:
-        try:
-            CHECKS[name](suite, self.tasks_per_split)
-        except ConformanceError as exc:
-            pytest.fail(f"{name}: {exc}", pytrace=False)
+        """A broken promise fails in one line; any other exception keeps its traceback (a bug)."""
+        cls = type(self)  # a function set as `tokenizer` stays a plain function (never bound to self)
+        with kit_options(cls.tokenizer, cls.max_tokens):
+            try:
+                CHECKS[name](suite, self.tasks_per_split)
+            except CheckSkipped as exc:
+                pytest.skip(f"{name}: {exc}")
+            except ConformanceError as exc:
+                pytest.fail(f"{name}: {exc}", pytrace=False)
 
     def test_ids_replay(self, suite: Suite) -> None:
         self._check("ids_replay", suite)
+
+    def test_split_sizes_declared(self, suite: Suite) -> None:
+        self._check("split_sizes_declared", suite)
 
     def test_splits_fixed_and_disjoint(self, suite: Suite) -> None:
         self._check("splits_fixed_and_disjoint", suite)
@@ -59,6 +73,12 @@ class SuiteConformance:
     def test_experts_pass(self, suite: Suite) -> None:
         self._check("experts_pass", suite)
 
+    def test_replies_fit_the_output_budget(self, suite: Suite) -> None:
+        self._check("replies_fit_the_output_budget", suite)
+
+    def test_text_replies_where_offered(self, suite: Suite) -> None:
+        self._check("text_replies_where_offered", suite)
+
     def test_wrong_answers_fail(self, suite: Suite) -> None:
         self._check("wrong_answers_fail", suite)
 
@@ -67,6 +87,9 @@ class SuiteConformance:
 
     def test_plays_through_the_actor(self, suite: Suite) -> None:
         self._check("plays_through_the_actor", suite)
+
+    def test_version_declared(self, suite: Suite) -> None:
+        self._check("version_declared", suite)
 
     def test_version_is_stable(self, suite: Suite) -> None:
         self._check("version_is_stable", suite)

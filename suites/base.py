@@ -1,12 +1,15 @@
 """The suite contract every plug-in implements, and the episode it hands the actor.
 
 Contract version 2 (`CONTRACT_VERSION`; the README's "Adding a suite" has the table of
-promises, docs/extending.md what sits behind them):
+promises, docs/extending.md what sits behind them and how to port a plug-in written for
+the first contract):
 
 * a task's key is a seed (int) for generated tasks or a dataset's item id (str, `key_type`);
-* an episode may end a turn with a text reply instead of a tool call (`text_replies`);
+* an episode may answer in words instead of calling a tool (`text_replies`: never, always,
+  or only to end a turn that has made its calls; `offers_text_reply` decides per step);
 * a suite or a task may set the output budget of one model turn (`max_tokens`);
-* a suite has a version (declared, or the hash of its code), recorded with every rollout;
+* a suite declares how many tasks each split holds (`split_sizes`) and its version
+  (`declared_version`, else the hash of its code), recorded with every rollout;
 * any exception but `ActionError` from `reset`, `step`, `reply` or an expert replay ends
   that rollout as an error with its message stored, never the run.
 
@@ -26,12 +29,17 @@ from dataclasses import dataclass
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 from ratchet.errors import UnknownSuiteError
 from ratchet.types import Split, Task, TaskKey, ToolCall, ToolSpec, parse_task_id, task_id
 
 CONTRACT_VERSION = 2
+PORTING_NOTE = "docs/extending.md, 'Porting a plug-in from the first contract'"
+
+TextReplies = Literal["never", "always", "to_end_turn"]
+"""When the model may answer in words instead of calling a tool (`Episode.text_replies`)."""
+TEXT_REPLIES: tuple[TextReplies, ...] = get_args(TextReplies)
 
 
 class ActionError(Exception):
@@ -58,9 +66,19 @@ class StepResult:
 class Episode(ABC):
     """One live environment instance for one task. Not thread-safe; one rollout owns it."""
 
-    text_replies: ClassVar[bool] = False
-    """True if a text reply (no tool call) is a turn: the actor then offers the model
-    `tool_choice="auto"` and passes the text to `reply`. False: every turn must call a tool."""
+    text_replies: ClassVar[bool | TextReplies] = False
+    """When the model may answer in words instead of calling a tool (the episode reads the
+    text in `reply`); the actor offers `tool_choice="auto"` at those steps, "required" at
+    the others, so a server that constrains the reply lets text through only there:
+
+    * "never" (or False): every step must call a tool;
+    * "always" (or True): any step may answer in words;
+    * "to_end_turn": calls are required until the current turn has made one (played without
+      `ActionError`), then a text reply may end the turn; a text reply the episode takes
+      starts the next turn (e.g. the user's next message), which again starts with calls.
+
+    `offers_text_reply` applies it per step; override that to decide otherwise (e.g. only
+    after the calls the environment needs)."""
 
     def __init__(self, task: Task) -> None:
         self.task = task
@@ -78,8 +96,28 @@ class Episode(ABC):
         """Apply one tool call. Raise ActionError for invalid model input."""
 
     def reply(self, text: str) -> StepResult:
-        """Apply a text reply (only asked when `text_replies`). Raise ActionError to refuse it."""
+        """Apply a text reply (only asked where `offers_text_reply`). Raise ActionError to refuse it."""
         raise ActionError("this task takes tool calls only: call one of the tools")
+
+    def text_reply_mode(self) -> TextReplies:
+        """`text_replies` as one of `TEXT_REPLIES` (the booleans of contract 2's first release
+        keep their meaning: True is "always", False "never")."""
+        mode = self.text_replies
+        if mode is True or mode is False:
+            return "always" if mode else "never"
+        if mode not in TEXT_REPLIES:
+            raise ValueError(
+                f"{type(self).__name__}.text_replies must be one of {', '.join(map(repr, TEXT_REPLIES))} "
+                f"(or True/False), not {mode!r}"
+            )
+        return mode
+
+    def offers_text_reply(self, calls_this_turn: int) -> bool:
+        """Whether the model may answer in words at this step (`tool_choice="auto"`), or must
+        call a tool ("required"); `calls_this_turn` counts the calls played without
+        `ActionError` since the episode began or since a text reply it took."""
+        mode = self.text_reply_mode()
+        return mode == "always" or (mode == "to_end_turn" and calls_this_turn > 0)
 
     def play(self, action: ToolCall | str) -> StepResult:
         """One turn of a plan: a tool call (`step`) or a text reply (`reply`)."""
@@ -95,7 +133,7 @@ class Episode(ABC):
 
     def expert_actions(self) -> list[ToolCall | str] | None:
         """A reference solution from the current state, if the suite knows one: tool calls,
-        and (where `text_replies`) a `str` for a text reply."""
+        and a `str` for a text reply where the episode offers one (`offers_text_reply`)."""
         return None
 
     def close(self) -> None:
@@ -121,7 +159,8 @@ class Suite(ABC):
     None: the `model.max_tokens` setting)."""
     declared_version: ClassVar[str] = ""
     """Bump it when a change alters what a task is or how it is verified; empty: `version` is
-    the hash of the suite's code (every module of its package) and its distribution version."""
+    the hash of the suite's code (every module of its package) and its distribution version,
+    which any edit changes (the conformance kit asks for a declared one)."""
 
     def __init__(self, subsets: list[str] | None = None) -> None:
         self.subsets = list(subsets or self.default_subsets)
@@ -148,7 +187,10 @@ class Suite(ABC):
         """Raise a RatchetError if a system prerequisite is missing (e.g. Java)."""
 
     def split_sizes(self, subset: str) -> dict[Split, int | None]:
-        """How many tasks each split of a subset holds (None: as many as asked for, generated)."""
+        """How many tasks each split of a subset holds (None: as many as asked for, generated).
+
+        Declare it: the conformance kit checks that a split refuses a size it lacks only where
+        a size is known, and fails a suite that keeps this default."""
         return {"train": None, "dev": None, "test": None}
 
     @abstractmethod

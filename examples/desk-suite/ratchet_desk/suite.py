@@ -142,9 +142,10 @@ class SingleEpisode(Episode):
 
 
 class MultiEpisode(SingleEpisode):
-    """A call, then a text answer that carries the value the call returned."""
+    """A call, then a text answer that carries the value the call returned: the model must
+    call a tool first, and may then end the turn with its answer."""
 
-    text_replies = True
+    text_replies = "to_end_turn"
 
     def reset(self) -> StepResult:
         self.called = False
