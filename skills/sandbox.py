@@ -3,6 +3,8 @@
 The layers, outermost first. The first is the wall; the others are tripwires that turn the
 mistakes and prompt-injected tricks we expect into clear errors. The tests switch the inner
 ones off (`validate=False`, `_INNER_GUARDS`, `_SECCOMP`) to prove the outer ones hold alone.
+The child program that sets up layers 3 to 5 inside the sandbox is skills/sandbox_child.py,
+passed to a stdlib-only interpreter with `-c`.
 
 1. OS isolation (bubblewrap). The child runs in its own user, mount, pid, network, IPC, UTS
    and cgroup namespaces as uid/gid 65534, with no capabilities, `no_new_privs` and no way to
@@ -16,24 +18,34 @@ ones off (`validate=False`, `_INNER_GUARDS`, `_SECCOMP`) to prove the outer ones
    bubblewrap is missing or cannot create the namespaces, `run_tool` raises
    `SandboxUnavailableError` and runs nothing: there is no unisolated fallback.
 2. A seccomp filter (x86_64) refuses with EPERM: fork/clone (no new processes or threads),
-   sockets, mknod/mkfifo, and mount, namespace, ptrace, bpf, keyring, io_uring, module and
-   similar kernel interfaces (`_DENIED_SYSCALLS_X86_64`).
+   sockets, mknod/mkfifo, memory that no rlimit counts (memfd_create, memfd_secret, SysV
+   shared memory, message queues and semaphores, POSIX message queues), and mount,
+   namespace, ptrace, bpf, keyring, io_uring, module and similar kernel interfaces
+   (`_DENIED_SYSCALLS_X86_64`).
 3. Resource limits, set by the child before the tool runs: a wall-clock timeout, and
-   rlimits on CPU time, address space, file size, open files and core dumps.
+   rlimits on CPU time, address space (anonymous and shared mmaps included), file size
+   (which also caps each memfd), open files, core dumps, locked memory and POSIX message
+   queues (both 0).
 4. A CPython audit hook (`sys.addaudithook`) refuses network, process and FFI events,
    imports of such modules, writing, deleting or renaming outside the scratch dir, reading
    outside the scratch dir and the standard library, and opening directories elsewhere
    (whose descriptors would make `dir_fd=` calls look relative to the scratch dir); wrappers
    refuse `os.stat`/`lstat` and `os.mkfifo`/`mknod` outside those dirs, which CPython does
    not audit.
-5. `validate_tool_code` reads the AST before anything runs: a top-level `def run(...)`,
-   imports only from a small list of pure stdlib modules, no `eval`/`exec`/`open`/
-   `getattr`/`__import__`..., no dunder or private attributes of other objects, no frame
-   attributes, nothing that evaluates text as attribute paths or code
-   (`string.Formatter`, `.format_map`, `.format` on computed templates or with `{0.attr}` /
-   `{0[key]}` fields, `typing.get_type_hints`, `functools.singledispatch`), and top-level
-   code limited to imports, defs and constants. The return value must be JSON; prints are
-   captured and capped.
+5. The interpreter allow-list (`validate=True`). `validate_tool_code` reads the AST before
+   anything runs: a top-level `def run(...)`; imports only of the modules in
+   `ALLOWED_IMPORTS`, and from each only the names listed there (its own public functions,
+   classes and constants: never a submodule or a module it imported, as in
+   `re.enum.bltns.eval` or `json.codecs.open`, and never an API that reads attribute paths or
+   code named by a string, as `operator.attrgetter`, `functools.update_wrapper`,
+   `string.Formatter`, `typing.get_type_hints`); a module name used only as `module.name`,
+   never stored, passed or returned, and no `import` in a class body; no `eval`/`exec`/
+   `open`/`getattr`/`__import__`...; no dunder or private attributes of other objects, no
+   frame attributes, no `.format_map`, no `.format` on computed templates or with
+   `{0.attr}` / `{0[key]}` fields; top-level code limited to imports, defs and constants.
+   Its runtime twin, in the child: the tool's `import` yields a view of the module holding
+   only the listed names, and its builtins lack the forbidden ones. The return value must
+   be JSON; prints are captured and capped.
 
 What this does NOT cover:
 
@@ -42,31 +54,44 @@ What this does NOT cover:
 * Reading what is mounted: the tool can read the read-only /usr and the Python
   installation (including its site-packages), anything the caller puts in `scratch_dir`,
   and of course its own arguments. Don't pass secrets to a tool.
-* Resource use within the limits: CPU for up to `timeout_s`, `memory_mb` of address space
-  per process plus the tmpfs caps, and, in a caller-supplied `scratch_dir`, disk space
-  bounded only by the timeout and the file-size limit. Without seccomp (not x86_64) a
-  tool can also start processes until the timeout ends them.
+* Resource use within the limits: CPU for up to `timeout_s`; memory of `memory_mb` of
+  address space plus the tmpfs caps (`MAX_TMP_BYTES` + `MAX_SCRATCH_BYTES`) and a few pipe
+  buffers; and, in a caller-supplied `scratch_dir`, disk space bounded only by the timeout
+  and the file-size limit. There is no memory cgroup (an unprivileged bubblewrap cannot
+  make one), so memory outside the address space is bounded by seccomp and the rlimits.
+* Without seccomp (not x86_64, or `_SECCOMP` off), a tool that gets past the interpreter
+  layer can start processes until the timeout ends them (each with its own limits), hold
+  up to `MAX_OPEN_FILES` x `MAX_FILE_BYTES` (1 GiB) per process in memfds, and hold SysV
+  shared memory, message queues and semaphores bounded only by the IPC namespace's
+  host-default shmall/msgmni/semmni, until the call ends.
 * Inside the user namespace the tool is uid 65534, but outside it is the user who runs
   ratchet (an unprivileged bubblewrap can only map its caller's uid): files it creates in
   a caller-supplied scratch dir belong to that user, mode bits included (it can leave a
   set-uid file there: keep such a dir private and never run what is in it), and any host
   path that were mounted writable by mistake would be writable as that user.
-* Its own output: the tool owns its stdout, so it can print anything and forge its own
-  result. Treat the value as untrusted data, not as instructions.
-* The inner layers alone: the AST check is a deny-list and the audit hook a CPython-level
-  tripwire; native code, an interpreter bug or a clever object walk gets past them, which is
-  why the OS isolation exists.
+* Its own output and result: the value is whatever the tool computed, and code that gets
+  past the interpreter layer owns the real stdout and can forge a whole reply (an error, a
+  value past `MAX_RESULT_BYTES`...). Treat the value as untrusted data, not as instructions.
+* The inner layers alone: modules and their names are allow-listed, but the attributes of
+  the objects they return are checked by a deny-list (dunder, private, frame and
+  text-evaluating names), and the runtime views guard module attributes only, not a walk
+  from an object (`fn.__globals__` if the AST check were wrong); the audit hook is a
+  CPython-level tripwire. Native code, an interpreter bug or a clever object walk gets past
+  them, which is why the OS isolation exists.
 
 Cost per call (2 shared cores, medians of 40, measured side by side): bubblewrap adds ~4 ms
 to the interpreter's start (`python -c pass`: 8.7 -> 12.4 ms) and the seccomp filter ~1 ms,
 but a whole call of a trivial tool went from 33.2 to 25.8 ms, because the wait now wakes on
-a pidfd instead of polling and the scratch dir is a tmpfs instead of a host temp dir.
+a pidfd instead of polling and the scratch dir is a tmpfs instead of a host temp dir. The
+interpreter allow-list costs ~0.15 ms of validation and ~1.5 ms per call (25.3 -> 26.7 ms,
+medians of 80), mostly compiling the longer child program.
 """
 
 from __future__ import annotations
 
 import ast
 import errno
+import functools
 import json
 import math
 import os
@@ -101,19 +126,109 @@ SANDBOX_UID = 65534  # `nobody`, inside the sandbox's user namespace
 _INNER_GUARDS = True  # the audit hook, the import block-list and the os.stat/mkfifo wrappers
 _SECCOMP = True  # the syscall filter (x86_64 only)
 
-ALLOWED_MODULES = frozenset(
-    "math re json itertools functools collections statistics fractions decimal string operator "
-    "heapq bisect datetime random typing dataclasses textwrap unicodedata".split()
-)
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+# What tool code may import, and the only names it may use from each module: the public
+# functions, classes and constants that module defines. Never a submodule or a module it
+# imported (`re.enum.bltns.eval`, `json.codecs.open`), and never an API that reads attribute
+# paths or code named by a string (`operator.attrgetter`, `functools.update_wrapper(...,
+# assigned=("__builtins__",))`, `string.Formatter`, `typing.get_type_hints`...). The AST check
+# enforces it before the run, and the child again at run time (skills/sandbox_child.py).
+ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
+    "math": _names(
+        "acos acosh asin asinh atan atan2 atanh cbrt ceil comb copysign cos cosh degrees dist e erf "
+        "erfc exp exp2 expm1 fabs factorial floor fmod frexp fsum gamma gcd hypot inf isclose isfinite "
+        "isinf isnan isqrt lcm ldexp lgamma log log10 log1p log2 modf nan nextafter perm pi pow prod "
+        "radians remainder sin sinh sqrt tan tanh tau trunc ulp"
+    ),
+    "re": _names(
+        "A ASCII DOTALL I IGNORECASE L LOCALE M MULTILINE Match NOFLAG Pattern RegexFlag S U UNICODE "
+        "VERBOSE X compile error escape findall finditer fullmatch match purge search split sub subn"
+    ),
+    "json": _names("JSONDecodeError JSONDecoder JSONEncoder dump dumps load loads"),
+    "itertools": _names(
+        "accumulate chain combinations combinations_with_replacement compress count cycle dropwhile "
+        "filterfalse groupby islice pairwise permutations product repeat starmap takewhile tee zip_longest"
+    ),
+    "functools": _names(
+        "cache cached_property cmp_to_key lru_cache partial partialmethod reduce total_ordering"
+    ),
+    "collections": _names(
+        "ChainMap Counter OrderedDict UserDict UserList UserString defaultdict deque namedtuple"
+    ),
+    "collections.abc": _names(
+        "AsyncGenerator AsyncIterable AsyncIterator Awaitable ByteString Callable Collection Container "
+        "Coroutine Generator Hashable ItemsView Iterable Iterator KeysView Mapping MappingView "
+        "MutableMapping MutableSequence MutableSet Reversible Sequence Set Sized ValuesView"
+    ),
+    "statistics": _names(
+        "NormalDist StatisticsError correlation covariance fmean geometric_mean harmonic_mean "
+        "linear_regression mean median median_grouped median_high median_low mode multimode pstdev "
+        "pvariance quantiles stdev variance"
+    ),
+    "fractions": _names("Fraction"),
+    "decimal": _names(
+        "BasicContext Clamped Context ConversionSyntax Decimal DecimalException DecimalTuple "
+        "DefaultContext DivisionByZero DivisionImpossible DivisionUndefined ExtendedContext "
+        "FloatOperation HAVE_CONTEXTVAR HAVE_THREADS Inexact InvalidContext InvalidOperation MAX_EMAX "
+        "MAX_PREC MIN_EMIN MIN_ETINY Overflow ROUND_05UP ROUND_CEILING ROUND_DOWN ROUND_FLOOR "
+        "ROUND_HALF_DOWN ROUND_HALF_EVEN ROUND_HALF_UP ROUND_UP Rounded Subnormal Underflow getcontext "
+        "localcontext setcontext"
+    ),
+    "string": _names(
+        "Template ascii_letters ascii_lowercase ascii_uppercase capwords digits hexdigits octdigits "
+        "printable punctuation whitespace"
+    ),
+    "operator": _names(
+        "abs add and_ call concat contains countOf delitem eq floordiv ge getitem gt iadd iand iconcat "
+        "ifloordiv ilshift imatmul imod imul index indexOf inv invert ior ipow irshift is_ is_not isub "
+        "itemgetter itruediv ixor le length_hint lshift lt matmul mod mul ne neg not_ or_ pos pow rshift "
+        "setitem sub truediv truth xor"
+    ),
+    "heapq": _names("heapify heappop heappush heappushpop heapreplace merge nlargest nsmallest"),
+    "bisect": _names("bisect bisect_left bisect_right insort insort_left insort_right"),
+    "datetime": _names("MAXYEAR MINYEAR UTC date datetime time timedelta timezone tzinfo"),
+    "random": _names(
+        "Random SystemRandom betavariate choice choices expovariate gammavariate gauss getrandbits "
+        "getstate lognormvariate normalvariate paretovariate randbytes randint random randrange sample "
+        "seed setstate shuffle triangular uniform vonmisesvariate weibullvariate"
+    ),
+    "typing": _names(
+        "AbstractSet Annotated Any AnyStr AsyncContextManager AsyncGenerator AsyncIterable "
+        "AsyncIterator Awaitable BinaryIO ByteString Callable ChainMap ClassVar Collection Concatenate "
+        "Container ContextManager Coroutine Counter DefaultDict Deque Dict Final FrozenSet Generator "
+        "Generic Hashable IO ItemsView Iterable Iterator KeysView List Literal LiteralString Mapping "
+        "MappingView Match MutableMapping MutableSequence MutableSet NamedTuple Never NewType NoReturn "
+        "NotRequired Optional OrderedDict ParamSpec ParamSpecArgs ParamSpecKwargs Pattern Protocol "
+        "Required Reversible Self Sequence Set Sized SupportsAbs SupportsBytes SupportsComplex "
+        "SupportsFloat SupportsIndex SupportsInt SupportsRound TYPE_CHECKING Text TextIO Tuple Type "
+        "TypeAlias TypeGuard TypeVar TypeVarTuple TypedDict Union Unpack ValuesView assert_never "
+        "assert_type cast final get_args get_origin is_typeddict overload runtime_checkable"
+    ),
+    "dataclasses": _names(
+        "Field FrozenInstanceError InitVar KW_ONLY MISSING asdict astuple dataclass field fields "
+        "is_dataclass replace"
+    ),
+    "textwrap": _names("TextWrapper dedent fill indent shorten wrap"),
+    "unicodedata": _names(
+        "UCD bidirectional category combining decimal decomposition digit east_asian_width "
+        "is_normalized lookup mirrored name normalize numeric ucd_3_2_0 unidata_version"
+    ),
+}
+ALLOWED_MODULES = frozenset(ALLOWED_IMPORTS)
 FORBIDDEN_NAMES = frozenset(
     "eval exec compile open __import__ globals locals vars getattr setattr delattr input "
     "breakpoint memoryview help exit quit".split()
 )
-# Attributes that lead from an allowed module or object into the interpreter's internals
-# (e.g. `dataclasses.sys`, `typing.sys`, `operator.attrgetter("__globals__")`, frames), or
-# that evaluate text as code or attribute paths: `string.Formatter().get_field("0.__class__...")`
-# returns live objects, and `typing.get_type_hints` / `functools.singledispatch` `eval` string
-# annotations.
+# Attributes refused on any object. A module's attributes are allow-listed above; this
+# deny-list covers the objects tool code holds, whose type the AST check cannot know: names
+# that lead into the interpreter's internals (frames, and `x.sys`, `x.os`... on anything), or
+# that evaluate text as code or attribute paths (`string.Formatter().get_field("0.__class__...")`
+# returns live objects, `typing.get_type_hints` / `functools.singledispatch` `eval` string
+# annotations). Checked first on modules too, so `operator.attrgetter` gets one reason everywhere.
 FORBIDDEN_ATTRS = frozenset(
     "sys os builtins inspect types gc importlib attrgetter methodcaller f_globals f_locals "
     "f_builtins f_back f_code gi_frame gi_code cr_frame cr_code ag_frame ag_code tb_frame "
@@ -131,8 +246,9 @@ BLOCKED_MODULES = (
 _RESULT_MARK = b"\x00RATCHET-SANDBOX-RESULT\x00"  # precedes the reply, the last thing on stdout
 
 # Syscalls the seccomp filter refuses with EPERM (x86_64 numbers, asm/unistd_64.h): new
-# processes and threads, sockets, device nodes and FIFOs, and kernel interfaces a pure
-# computation never needs (mounts, namespaces, ptrace, bpf, keyrings, io_uring, modules...).
+# processes and threads, sockets, device nodes and FIFOs, memory that no rlimit counts, and
+# kernel interfaces a pure computation never needs (mounts, namespaces, ptrace, bpf, keyrings,
+# io_uring, modules...).
 _DENIED_SYSCALLS_X86_64 = {
     "clone": 56, "clone3": 435, "fork": 57, "vfork": 58, "socket": 41, "socketpair": 53,
     "mknod": 133, "mknodat": 259, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
@@ -145,6 +261,12 @@ _DENIED_SYSCALLS_X86_64 = {
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
     "mount_setattr": 442, "fanotify_init": 300, "iopl": 172, "ioperm": 173, "uselib": 134,
     "personality": 135,
+    # memory outside RLIMIT_AS and the tmpfs caps: memfds, SysV shared memory and message
+    # queues and semaphores (held by the IPC namespace, not the process), POSIX message queues
+    "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67,
+    "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65, "semctl": 66,
+    "semtimedop": 220, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
+    "mq_notify": 244, "mq_getsetattr": 245,
 }  # fmt: skip
 
 
@@ -196,8 +318,10 @@ def validate_tool_code(source: str, entry: str = "run") -> None:
             )
     if not any(isinstance(n, ast.FunctionDef) and n.name == entry for n in tree.body):
         raise UnsafeCodeError(f"tool code has no top-level `def {entry}(...)`", f"define `def {entry}(...)`")
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    modules = _imported_modules(tree, parents)
     for node in ast.walk(tree):
-        _check_node(node)
+        _check_node(node, modules, parents)
 
 
 def _allowed_at_top_level(node: ast.stmt) -> bool:
@@ -218,26 +342,70 @@ def _is_literal(node: ast.expr) -> bool:
     return True
 
 
-def _check_node(node: ast.AST) -> None:
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or "."]
-        for module in modules:
-            if getattr(node, "level", 0) or module.partition(".")[0] not in ALLOWED_MODULES:
-                _refuse(
-                    node,
-                    f"import of `{module}`",
-                    "tools may import only " + ", ".join(sorted(ALLOWED_MODULES)),
-                )
+def _imported_modules(tree: ast.Module, parents: dict[ast.AST, ast.AST]) -> dict[str, str]:
+    """Check every import against `ALLOWED_IMPORTS`; the names bound to modules, and which."""
+    modules: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        scope = parents[node]
+        while not isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = parents[scope]
+        if isinstance(scope, ast.ClassDef):  # `C.re` would be the module, past every check below
+            _refuse(node, "`import` in a class body", "import at the top of the tool or in a function")
         if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if alias.name == "*":
-                    _refuse(node, f"`from {module} import *`", "import the names the tool uses")
-                _check_attr(node, alias.name, owner=None)
-    elif isinstance(node, ast.Name):
+            _check_import_from(node)
+            continue
+        for alias in node.names:
+            _check_module(node, alias.name)
+            if "." in alias.name:  # binds the package, whose submodules are not on the list
+                _refuse(node, f"`import {alias.name}`", f"write `from {alias.name} import name`")
+            bound = alias.asname or alias.name
+            if modules.setdefault(bound, alias.name) != alias.name:
+                _refuse(node, f"`{bound}` names two modules", "import each module under its own name")
+    return modules
+
+
+def _check_import_from(node: ast.ImportFrom) -> None:
+    if node.level:
+        _refuse(node, "relative import", "import from the standard library by its full name")
+    module = node.module or ""
+    _check_module(node, module)
+    for alias in node.names:
+        if alias.name == "*":
+            _refuse(node, f"`from {module} import *`", "import the names the tool uses")
+        _check_attr(node, alias.name, owner=None)
+        if alias.name not in ALLOWED_IMPORTS[module]:
+            _refuse(node, f"`from {module} import {alias.name}`", _allowed_names(module))
+
+
+def _check_module(node: ast.AST, module: str) -> None:
+    if module not in ALLOWED_IMPORTS:
+        _refuse(node, f"import of `{module}`", "tools may import only " + ", ".join(sorted(ALLOWED_MODULES)))
+
+
+def _allowed_names(module: str) -> str:
+    return f"tools may use only the names on `{module}`'s allow-list (skills/sandbox.py ALLOWED_IMPORTS)"
+
+
+def _check_node(node: ast.AST, modules: dict[str, str], parents: dict[ast.AST, ast.AST]) -> None:
+    if isinstance(node, ast.Name):
         if node.id in FORBIDDEN_NAMES or node.id.startswith("__"):
             _refuse(node, f"use of `{node.id}`", "tools may only compute on their arguments")
+        if node.id in modules:  # a module is only ever `module.name`: never stored, passed or returned
+            parent = parents.get(node)
+            if not (isinstance(parent, ast.Attribute) and parent.value is node):
+                _refuse(
+                    node,
+                    f"`{node.id}` used other than as `{node.id}.name`",
+                    f"use the module's names directly, e.g. `{node.id}.name(...)`",
+                )
     elif isinstance(node, ast.Attribute):
         _check_attr(node, node.attr, owner=node.value)
+        if isinstance(node.value, ast.Name) and node.value.id in modules:
+            module = modules[node.value.id]
+            if node.attr not in ALLOWED_IMPORTS[module]:
+                _refuse(node, f"access to `{module}.{node.attr}`", _allowed_names(module))
         if node.attr == "format":
             _check_format(node)
     elif isinstance(node, ast.MatchClass):  # `case C(__class__=x)` reads attributes too
@@ -329,6 +497,8 @@ def run_tool(
         "RLIMIT_FSIZE": (MAX_FILE_BYTES,) * 2,
         "RLIMIT_NOFILE": (MAX_OPEN_FILES,) * 2,
         "RLIMIT_CORE": (0, 0),
+        "RLIMIT_MEMLOCK": (0, 0),  # nothing to pin: memfd_secret, mlock
+        "RLIMIT_MSGQUEUE": (0, 0),  # no POSIX message queues, which hold memory outside RLIMIT_AS
     }
     host_scratch = None
     if scratch_dir is not None:
@@ -342,6 +512,9 @@ def run_tool(
         "limits": limits,
         "guards": _INNER_GUARDS,
         "blocked": BLOCKED_MODULES,
+        # the allow-list's runtime twin: views of the allowed modules, builtins without eval...
+        "modules": {m: sorted(names) for m, names in ALLOWED_IMPORTS.items()} if validate else None,
+        "forbidden": sorted(FORBIDDEN_NAMES),
         "mark": _RESULT_MARK.decode(),
         "max_result": MAX_RESULT_BYTES,
         "max_output": MAX_OUTPUT_CHARS,
@@ -395,7 +568,7 @@ def _spawn(isolation: _Isolation, host_scratch: Path | None, stdin: Any, stdout:
     fds: list[int] = []
     try:
         argv = _command(isolation, host_scratch, fds, _SECCOMP)
-        argv += ["-I", "-S", "-B", "-X", "utf8", "-c", _CHILD]
+        argv += ["-I", "-S", "-B", "-X", "utf8", "-c", _child_source()]
         return subprocess.Popen(
             argv, stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT, cwd="/",
             env={"PATH": os.defpath, "LANG": "C.UTF-8"}, start_new_session=True, pass_fds=fds,
@@ -403,6 +576,12 @@ def _spawn(isolation: _Isolation, host_scratch: Path | None, stdin: Any, stdout:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+@functools.cache
+def _child_source() -> str:
+    """skills/sandbox_child.py, passed with `-c`: no host path to bind, and a stdlib-only run."""
+    return (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
 
 
 def _command(isolation: _Isolation, host_scratch: Path | None, fds: list[int], seccomp: bool) -> list[str]:
@@ -569,163 +748,3 @@ def _decode(
         last = raw.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
         error = f"tool process died without a result (exit code {code}): {_one_line(last[0])}"
     return SandboxResult(False, None, error, seconds, output)
-
-
-# The child, inside bubblewrap: set limits, install the inner guards (unless the tests turned
-# them off), run the tool, write one marked JSON reply.
-_CHILD = r'''
-import io, json, os, resource, stat, sys
-
-class Capped(io.TextIOBase):
-    """Keeps the first `cap` characters the tool prints, so prints never reach the protocol."""
-    def __init__(self, cap):
-        self.cap, self.parts, self.size = cap, [], 0
-    def writable(self):
-        return True
-    def write(self, text):
-        if self.size < self.cap:
-            self.parts.append(text[: self.cap - self.size])
-            self.size += len(self.parts[-1])
-        return len(text)
-    def text(self):
-        return "".join(self.parts) + ("\n[output truncated]" if self.size >= self.cap else "")
-
-def install_guard(scratch, blocked):
-    realpath, fsdecode, sep, real_stat, is_dir = os.path.realpath, os.fsdecode, os.sep, os.stat, stat.S_ISDIR
-    read_roots = (scratch,) + tuple(realpath(p) for p in sys.path if p)
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    denied = frozenset("""subprocess.Popen os.system os.exec os.spawn os.posix_spawn os.fork
-        os.forkpty os.kill os.killpg os.chdir os.symlink os.startfile resource.setrlimit
-        resource.prlimit signal.pthread_kill gc.get_objects
-        gc.get_referrers gc.get_referents webbrowser.open""".split())
-    # event: (positions of paths, positions of dir_fd arguments)
-    path_events = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
-                   "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)), "os.utime": ((0,), (3,)),
-                   "os.truncate": ((0,), ()), "os.rename": ((0, 1), (2, 3)), "os.link": ((0, 1), (2, 3)),
-                   "os.setxattr": ((0,), ()), "os.removexattr": ((0,), ())}
-
-    busy = []  # inside `inside`: realpath's own os.lstat calls skip the wrappers below
-
-    def inside(path, roots):
-        if path is None:
-            path = "."
-        if type(path) not in (str, bytes):  # no PathLike tricks: __fspath__ could change its mind
-            return False
-        busy.append(True)
-        try:
-            full = realpath(fsdecode(path))
-        finally:
-            busy.pop()
-        return any(full == root or full.startswith(root + sep) for root in roots)
-
-    def directory(path):
-        try:
-            return is_dir(real_stat(path).st_mode)
-        except (OSError, ValueError):
-            return False
-
-    def guard(event, args):
-        if event in denied or event.startswith(("socket.", "ctypes.", "syslog.")):
-            raise PermissionError(f"sandbox blocked {event}")
-        if event == "import":
-            if any(args[0] == b or args[0].startswith(b + ".") for b in blocked):
-                raise PermissionError(f"sandbox blocked import of {args[0]!r}")
-        elif event == "open":
-            path, mode, flags = args
-            if isinstance(mode, str):
-                writing = any(c in mode for c in "wax+")
-            else:
-                writing = bool((flags or 0) & write_flags)
-            if type(path) is int and not writing:
-                return  # reading an already-open descriptor
-            if not inside(path, (scratch,) if writing else read_roots):
-                what = f"file descriptor {path}" if type(path) is int else repr(path)
-                verb = "writing" if writing else "reading"
-                raise PermissionError(f"sandbox blocked {verb} {what}: outside the scratch dir")
-            # The open event carries no dir_fd: a descriptor of a directory elsewhere would
-            # let `os.open(name, ..., dir_fd=fd)` pass as a path in the scratch dir.
-            if not inside(path, (scratch,)) and directory(path):
-                raise PermissionError(f"sandbox blocked opening directory {path!r}: outside the scratch dir")
-        elif event in ("os.listdir", "os.scandir"):
-            if type(args[0]) is not int and not inside(args[0], read_roots):
-                raise PermissionError(f"sandbox blocked listing {args[0]!r}: outside the scratch dir")
-        elif event in path_events:
-            paths, dir_fds = path_events[event]
-            if any(args[i] not in (None, -1) for i in dir_fds if i < len(args)) or not all(
-                    type(args[i]) is int or inside(args[i], (scratch,)) for i in paths):
-                raise PermissionError(f"sandbox blocked {event} outside the scratch dir")
-        elif event == "object.__setattr__" and args[0] is guard:
-            raise PermissionError("sandbox blocked changing its guard")
-
-    sys.addaudithook(guard)
-
-    def wrap(name, roots):  # calls CPython does not audit
-        real = getattr(os, name)
-
-        def checked(path, *args, **kwargs):
-            relative = kwargs.get("dir_fd") is not None
-            if not busy and (relative or (type(path) is not int and not inside(path, roots))):
-                raise PermissionError(f"sandbox blocked os.{name} of {path!r}: outside the scratch dir")
-            return real(path, *args, **kwargs)
-
-        setattr(os, name, checked)
-
-    for name in ("stat", "lstat"):
-        wrap(name, read_roots)
-    for name in ("mkfifo", "mknod"):
-        wrap(name, (scratch,))
-
-def describe(exc):
-    text = " ".join(str(exc).split())
-    text = (text[:297] + "...") if len(text) > 300 else text
-    tb, line = exc.__traceback__, None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == "<tool>":
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    where = f" (line {line})" if line else ""
-    return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
-
-def call(job):
-    try:
-        namespace = {"__name__": "tool"}
-        exec(compile(job["source"], "<tool>", "exec"), namespace)
-        fn = namespace.get(job["entry"])
-        if not callable(fn):
-            return {"error": f"tool defines no function {job['entry']!r}"}
-        value = fn(**job["args"])
-    except MemoryError:
-        return {"memory": True}  # returning drops the traceback, and with it the memory
-    except BaseException as exc:
-        return {"error": describe(exc)}
-    try:
-        encoded = json.dumps(value, allow_nan=False)
-    except MemoryError:
-        return {"memory": True}
-    except Exception as exc:
-        return {"error": f"tool returned a value that is not JSON-serializable ({describe(exc)})"}
-    if len(encoded) > job["max_result"]:
-        return {"error": f"tool returned {len(encoded):,} bytes of JSON; the limit is {job['max_result']:,}"}
-    return {"ok": True, "value": encoded}
-
-def main():
-    job = json.loads(sys.stdin.buffer.read())
-    for name, (soft, hard) in job["limits"].items():
-        kind = getattr(resource, name)
-        old_hard = resource.getrlimit(kind)[1]
-        if old_hard != resource.RLIM_INFINITY:
-            soft, hard = min(soft, old_hard), min(hard, old_hard)
-        resource.setrlimit(kind, (soft, hard))
-    os.chdir(job["scratch"])
-    sys.stdout = sys.stderr = captured = Capped(job["max_output"])
-    if job["guards"]:
-        install_guard(job["scratch"], tuple(job["blocked"]))
-    reply = call(job)
-    reply["output"] = captured.text()
-    data = b"\n" + job["mark"].encode() + json.dumps(reply).encode()
-    while data:
-        data = data[os.write(1, data):]
-    os._exit(0)
-
-main()
-'''

@@ -1,12 +1,15 @@
 """The tool sandbox: the AST check refuses, the runtime guards block on their own (validate=False),
-and no code runs at all without the OS isolation. tests/test_sandbox_escape.py attacks the OS layer."""
+the interpreter allow-list refuses module walks before the run and again at run time, and no code
+runs at all without the OS isolation. tests/test_sandbox_escape.py attacks the OS layer."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -475,3 +478,246 @@ def test_tool_code_is_parsed_one_thread_at_a_time(monkeypatch: pytest.MonkeyPatc
     for t in threads:
         t.join()
     assert most[0] == 1
+
+
+# ------------------------------------------------------------------ the interpreter allow-list
+
+# The review's attack: `re` imports `enum`, which imports `builtins` as `bltns`. On the sandbox
+# before the allow-list this passed validation, ran `eval` with every layer on, and forged its own
+# result by writing a reply to the real stdout and exiting before the child could.
+FORGE = """
+import re
+
+def run(mark):
+    ev = re.enum.bltns.eval
+    ev("__import__('os').write(1, m)", {"m": mark.encode() + b'{"ok": true, "value": "\\\\"forged\\\\""}'})
+    ev("__import__('os')._exit(0)")
+"""
+
+
+def test_module_walk_to_eval_is_refused_before_it_runs() -> None:
+    with pytest.raises(UnsafeCodeError, match=r"line 5: access to `re\.enum` is not allowed"):
+        run_tool(FORGE, {"mark": sandbox._RESULT_MARK.decode()})
+
+
+@pytest.mark.parametrize(
+    "source, needle",
+    [
+        ("import re\ndef run():\n    return re.enum.bltns.eval('1')", "line 3: access to `re.enum`"),
+        ("import json\ndef run():\n    return json.codecs.open('f', 'w')", "line 3: access to `json.codecs`"),
+        ("from json import codecs\ndef run(): pass", "line 1: `from json import codecs` is not allowed"),
+        ("from json import decoder\ndef run(): pass", "`from json import decoder` is not allowed"),
+        ("import statistics\ndef run():\n    return statistics.random", "access to `statistics.random`"),
+        ("import typing\ndef run():\n    return typing.functools", "access to `typing.functools`"),
+        ("import textwrap as t\ndef run():\n    return t.re", "access to `textwrap.re`"),
+        # a module as a value: an alias, a container, an argument, a default
+        ("import re\ndef run():\n    m = re\n    return m.enum", "line 3: `re` used other than as `re.name`"),
+        ("import re\ndef run():\n    return [re][0].enum", "`re` used other than as `re.name`"),
+        ("import re\ndef run(f):\n    return f(re)", "`re` used other than as `re.name`"),
+        ("import re\ndef run(m=re):\n    return m.enum", "`re` used other than as `re.name`"),
+        ("import re\ndef run():\n    import json as re", "line 3: `re` names two modules"),
+        ("class C:\n    import re\ndef run():\n    return C.re.enum", "line 2: `import` in a class body"),
+        ("import collections.abc\ndef run(): pass", "line 1: `import collections.abc` is not allowed"),
+        ("from collections import abc\ndef run(): pass", "`from collections import abc` is not allowed"),
+        ("from . import re\ndef run(): pass", "line 1: relative import"),
+        # APIs that read attributes named by a string: update_wrapper's `assigned=("__builtins__",)`
+        ("import functools\ndef run():\n    return functools.update_wrapper", "`functools.update_wrapper`"),
+        ("from functools import wraps\ndef run(): pass", "`from functools import wraps` is not allowed"),
+        ("import operator\ndef run():\n    return operator.attrgetter('x')", "access to `.attrgetter`"),
+    ],
+)
+def test_module_attribute_walks_are_refused(source: str, needle: str) -> None:
+    with pytest.raises(UnsafeCodeError) as info:
+        validate_tool_code(source)
+    message = str(info.value)
+    assert needle in message and "\n" not in message, message
+
+
+UPDATE_WRAPPER = """
+import functools
+
+class Box:
+    seen = {}
+
+    def __setattr__(self, name, value):
+        self.seen[name] = value
+
+def run():
+    functools.update_wrapper(Box(), run, assigned=("__builtins__",), updated=())
+    return Box.seen["__builtins__"]["eval"]("6 * 7")
+"""
+
+
+def test_update_wrapper_cannot_copy_builtins_out_of_a_function() -> None:
+    with pytest.raises(UnsafeCodeError, match="line 11: access to `functools.update_wrapper`"):
+        run_tool(UPDATE_WRAPPER, {})
+
+
+@pytest.fixture
+def runtime_view_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The static check off, its runtime twin on: run_tool(validate=True) still gives the tool
+    only views of its modules and builtins without eval, open, getattr..."""
+    monkeypatch.setattr(sandbox, "validate_tool_code", lambda source, entry="run": None)
+
+
+@pytest.mark.parametrize(
+    "source, needle",
+    [
+        (FORGE, "AttributeError: module 're' has no attribute 'enum' in the sandbox (not on its allow-list)"),
+        ("import json\ndef run():\n    m = json\n    return m.codecs.open", "has no attribute 'codecs'"),
+        ("def run():\n    from json import decoder", "ImportError: cannot import name 'decoder'"),
+        ("def run():\n    import os", "ImportError: tool code may not import 'os'"),
+        ("def run():\n    import collections.abc", "tool code may not import 'collections.abc'"),
+        ("def run():\n    return __import__('socket')", "tool code may not import 'socket'"),
+        ("def run():\n    return eval('1')", "NameError: name 'eval' is not defined"),
+        ("def run():\n    return open('f', 'w')", "NameError: name 'open' is not defined"),
+        ("def run():\n    return getattr(1, 'real')", "NameError: name 'getattr' is not defined"),
+        ("import functools\ndef run():\n    return functools.wraps", "has no attribute 'wraps'"),
+    ],
+)
+def test_the_runtime_view_refuses_on_its_own(runtime_view_only: None, source: str, needle: str) -> None:
+    failed(run_tool(source, {"mark": sandbox._RESULT_MARK.decode()} if "mark" in source else {}), needle)
+
+
+def test_the_runtime_view_still_runs_real_tools(runtime_view_only: None) -> None:
+    source = "import re\nfrom collections.abc import Iterable\ndef run(t):\n"
+    source += "    return [re.findall(r'\\d+', t), isinstance([], Iterable), re.IGNORECASE.value]\n"
+    assert run_tool(source, {"t": "a1b22"}).value == [["1", "22"], True, 2]
+
+
+def _reachable(root: object, depth: int) -> Iterator[tuple[str, object]]:
+    """Everything reachable from `root` through public (non-underscore) attributes."""
+    seen: set[int] = set()
+    todo = [("", root, 0)]
+    while todo:
+        path, value, level = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        yield path, value
+        if level == depth:
+            continue
+        for name in dir(value):
+            if name.startswith("_"):
+                continue
+            try:
+                found = getattr(value, name)
+            except Exception:
+                continue
+            todo.append((f"{path}.{name}", found, level + 1))
+
+
+def test_allowed_names_lead_to_no_module_and_no_dangerous_builtin() -> None:
+    """Walk three public attributes deep from every allow-listed name: no module object, nothing
+    that runs or opens text (eval, open, os.system, codecs.open...), nothing that walks attribute
+    paths named by a string (attrgetter, update_wrapper...)."""
+    import builtins
+    import codecs
+    import dataclasses
+    import functools
+    import importlib
+    import io
+    import operator
+    import string
+    import types
+    import typing
+
+    dangerous = {id(getattr(builtins, n)) for n in sandbox.FORBIDDEN_NAMES if hasattr(builtins, n)}
+    dangerous |= {id(operator.attrgetter), id(operator.methodcaller), id(functools.update_wrapper)}
+    dangerous |= {id(functools.wraps), id(functools.singledispatch), id(codecs.open), id(io.open)}
+    dangerous |= {id(string.Formatter), id(typing.get_type_hints), id(typing.ForwardRef)}
+    dangerous |= {id(dataclasses.make_dataclass)}
+    # anything defined by a module that reaches the OS or the interpreter's internals
+    homes = {"os", "posix", "sys", "io", "_io", "codecs", "_codecs", "inspect", "socket", "_socket"}
+    homes |= {"importlib", "subprocess", "ctypes", "gc", "types"}
+    problems = []
+    for module_name, names in sandbox.ALLOWED_IMPORTS.items():
+        module = importlib.import_module(module_name)
+        for name in sorted(names):
+            for path, value in _reachable(getattr(module, name), depth=3):
+                home = getattr(value, "__module__", None) if callable(value) else None
+                if (
+                    isinstance(value, types.ModuleType)
+                    or id(value) in dangerous
+                    or (isinstance(home, str) and home.partition(".")[0] in homes)
+                ):
+                    problems.append(f"{module_name}.{name}{path}: {value!r}"[:120])
+    assert problems == []
+
+
+def test_the_allow_list_names_only_what_each_module_has() -> None:
+    import importlib
+    import types
+
+    assert sandbox.ALLOWED_MODULES == frozenset(sandbox.ALLOWED_IMPORTS)
+    for module_name, names in sandbox.ALLOWED_IMPORTS.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            assert not name.startswith("_") and hasattr(module, name), f"{module_name}.{name}"
+            assert not isinstance(getattr(module, name), types.ModuleType), f"{module_name}.{name}"
+            assert name not in sandbox.FORBIDDEN_ATTRS, f"{module_name}.{name}"
+
+
+def test_tools_using_every_allowed_module_still_pass_both_layers() -> None:
+    source = """
+import bisect, decimal, fractions, functools, heapq, itertools, json, math, operator, re
+import string, textwrap, unicodedata
+from collections import Counter, defaultdict, deque, namedtuple
+from collections.abc import Iterable
+from typing import Any, Dict, List, Optional
+
+Point = None
+
+@functools.lru_cache(maxsize=None)
+def fib(n: int) -> int:
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+def run(text: str, items: Optional[List[int]] = None) -> Dict[str, Any]:
+    items = items or [5, 1, 4]
+    heap = list(items)
+    heapq.heapify(heap)
+    pair = namedtuple("Pair", "a b")(1, 2)
+    return {
+        "words": re.findall(r"[a-z]+", text.lower()),
+        "sum": functools.reduce(operator.add, items),
+        "first": heapq.heappop(heap),
+        "where": bisect.bisect_left(sorted(items), 4),
+        "pairs": len(list(itertools.combinations(items, 2))),
+        "frac": str(fractions.Fraction(1, 3) + fractions.Fraction(1, 6)),
+        "dec": str(decimal.Decimal("1.10") + decimal.Decimal("2.20")),
+        "hyp": math.hypot(3, 4),
+        "json": json.loads(json.dumps({"k": [1]})),
+        "letters": string.ascii_lowercase[:3],
+        "dedent": textwrap.dedent("  x"),
+        "norm": unicodedata.normalize("NFC", "e\\u0301"),
+        "count": Counter(text).most_common(1)[0][1],
+        "dd": defaultdict(int)["x"],
+        "dq": deque([1, 2], maxlen=1)[0],
+        "pair": pair.b,
+        "fib": fib(20),
+        "iterable": isinstance(items, Iterable),
+        "key": sorted([{"n": 2}, {"n": 1}], key=operator.itemgetter("n"))[0]["n"],
+    }
+"""
+    value = run_tool(source, {"text": "Hello hello world"}).value
+    assert value["words"] == ["hello", "hello", "world"] and value["fib"] == 6765
+    assert value["frac"] == "1/2" and value["dec"] == "3.30" and value["norm"] == "\u00e9"
+    assert value["pair"] == 2 and value["key"] == 1 and value["iterable"] is True
+
+
+# ------------------------------------------------------------------ the child program
+
+
+def test_the_child_program_is_a_stdlib_only_module() -> None:
+    """It runs inside the sandbox with only the standard library on sys.path."""
+    import ast
+
+    path = Path(sandbox.__file__).with_name("sandbox_child.py")
+    tree = ast.parse(path.read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").partition(".")[0])
+    assert imported and imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)

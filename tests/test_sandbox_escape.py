@@ -38,6 +38,10 @@ kill(host pid), kill(parent), kill(-1)          pid ns
 setuid/setgid/setgroups(0)                      user ns: uid 0 unmapped (EINVAL), no capabilities
 filling /tmp, /scratch, /dev, /                 tmpfs size caps (ENOSPC); read-only (EROFS)
 host environment secrets, host name             --clearenv; uts ns
+memory no rlimit counts: 1 GiB in memfds,       seccomp (EPERM); without it RLIMIT_FSIZE x
+  memfd_secret, SysV shm/msg/sem, POSIX mq,        RLIMIT_NOFILE bound memfds, RLIMIT_MSGQUEUE
+  /dev/shm; 1 GiB anonymous mmaps                  is 0, /dev is read-only, RLIMIT_AS; SysV IPC
+                                                   is a known miss without seccomp
 """
 
 from __future__ import annotations
@@ -701,3 +705,85 @@ def test_the_sandbox_process_cannot_signal_the_test_process() -> None:
         assert not result.ok and "ProcessLookupError" in result.error
     finally:
         signal.signal(signal.SIGTERM, handler)
+
+
+# ------------------------------------------------------------------ memory outside the address space
+
+
+MEMORY = """
+import ctypes, mmap
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+
+def c(result):
+    return "ok" if result >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+
+def memfds(total):
+    # Pages in a memfd are mapped nowhere: outside RLIMIT_AS, every tmpfs cap and the audit hook.
+    out = {"ftruncate 1 GiB": "not tried"}
+    fds, held, chunk = [], 0, b"x" * 2**20
+    try:
+        big = os.memfd_create("big")
+        out["ftruncate 1 GiB"] = attempt(os.ftruncate, big, 2**30)
+        os.close(big)
+        while held < total:
+            fds.append(os.memfd_create("chunk"))
+            for _ in range(16):  # RLIMIT_FSIZE stops a single memfd at 16 MiB
+                os.write(fds[-1], chunk)
+                held += 2**20
+    except OSError as exc:
+        out["stopped"] = errno.errorcode[exc.errno]
+    out["held"] = held
+    for fd in fds:
+        os.close(fd)
+    return out
+
+def sysv_shm(size, count):
+    # A detached segment stays in the IPC namespace, outside the address space.
+    for _ in range(count):
+        shmid = libc.shmget(0, size, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+        if shmid < 0:
+            return c(shmid)
+        address = libc.shmat(shmid, None, 0)
+        ctypes.memset(address, 1, size)
+        libc.shmdt(address)
+    return "ok"
+
+def run(total, shm_size, shm_count):
+    import _posixshmem
+    return {
+        "memfd": memfds(total),
+        "memfd_secret": c(libc.syscall(447, 0)),
+        "mmap 1 GiB": attempt(mmap.mmap, -1, 2**30),
+        "mmap shared 1 GiB": attempt(mmap.mmap, -1, 2**30, mmap.MAP_SHARED),
+        "shm_open": attempt(_posixshmem.shm_open, "/ratchet-shm", os.O_CREAT | os.O_RDWR, 0o600),
+        "mq_open": c(libc.mq_open(b"/ratchet-mq", os.O_CREAT | os.O_RDWR, 0o600, None)),
+        "msgget": c(libc.msgget(0, 0o1600)),
+        "semget": c(libc.semget(0, 1000, 0o1600)),
+        "shmget": sysv_shm(shm_size, shm_count),
+    }
+"""
+
+
+def test_memory_outside_the_address_space_is_refused_or_bounded(layer: str) -> None:
+    # The review's attack allocated ~1 GB per call through memfds. Try 1 GiB every way we know.
+    shm = 2**27  # 3 x 128 MiB of detached SysV segments, more than the 256 MB limit
+    out = attack(MEMORY, {"total": 2**30, "shm_size": shm, "shm_count": 3}, timeout_s=20)
+    assert out["mmap 1 GiB"] == out["mmap shared 1 GiB"] == "ENOMEM"  # RLIMIT_AS, both layers
+    assert out["shm_open"] == "EROFS"  # /dev/shm is on the read-only /dev
+    if layer == "seccomp":
+        assert out["memfd"] == {"ftruncate 1 GiB": "not tried", "stopped": "EPERM", "held": 0}
+        ipc = ("memfd_secret", "mq_open", "msgget", "semget", "shmget")
+        assert {k: out[k] for k in ipc} == dict.fromkeys(ipc, "EPERM")
+    else:  # the rlimits bound it: RLIMIT_FSIZE per memfd, RLIMIT_NOFILE memfds, no message queues
+        memfd = out["memfd"]
+        assert memfd["ftruncate 1 GiB"] == "EFBIG" and memfd["stopped"] == "EMFILE"
+        assert memfd["held"] <= sandbox.MAX_OPEN_FILES * sandbox.MAX_FILE_BYTES
+        assert out["mq_open"] == "EMFILE"  # RLIMIT_MSGQUEUE is 0
+        # Known misses without seccomp: SysV shared memory, message queues and semaphores live in
+        # the IPC namespace, bounded by its (host-default) shmall, msgmni, semmni until the call ends.
+        assert out["shmget"] == out["msgget"] == out["semget"] == "ok"
