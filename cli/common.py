@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +19,11 @@ from ratchet.runtime_env import prepare_environment
 if TYPE_CHECKING:
     from ratchet.decisions import Action
 
-console = Console()
-err = Console(stderr=True)
+# A log (output to a file, a pipe, a scheduler) has no width: tables are printed whole, never
+# cut to 80 columns with '…'.
+LOG_WIDTH = 1000
+console = Console(width=None if sys.stdout.isatty() else LOG_WIDTH)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else LOG_WIDTH)
 
 GLOBAL: dict[str, Any] = {}
 

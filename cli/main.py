@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -73,7 +74,19 @@ def _options(
 
 @contextmanager
 def _progress() -> Iterator[None]:
-    from ratchet.flows.progress import listen
+    """Rich progress bars on a terminal; in a log (output to a file, a scheduler) one plain
+    line per stage start and end instead, with the time, since a log has no live display."""
+    from ratchet.flows.progress import StageEvent, listen
+
+    if not console.is_terminal:
+
+        def on_stage(event: StageEvent) -> None:
+            stamp = datetime.now().strftime("%H:%M:%S")
+            console.print(f"{stamp} {event.line()}", highlight=False, markup=False, soft_wrap=True)
+
+        with listen(lambda stage, done, total: None, on_stage):
+            yield
+        return
 
     bars: dict[str, Any] = {}
     with Progress(

@@ -28,16 +28,21 @@ from ratchet.flows import tracking
 from ratchet.flows.journal import Journal, stage_summary
 from ratchet.flows.launch import task_runner
 from ratchet.flows.loop import GATED_STAGES, RUN_STAGES, STAGE_NAMES, stage_flow, stages_of
+from ratchet.flows.progress import StageEvent, report_stage
 from ratchet.flows.runtime import model_endpoint, preflight
 
 
 def run_stage(settings: Settings, name: str, generation: int, url: str) -> tuple[Any, str]:
     """One stage as a subflow on the task runner the settings choose: its result (a failed
-    stage raises, as a plain call would) and its Prefect flow run id."""
+    stage raises, as a plain call would) and its Prefect flow run id. Whoever listens
+    (`ratchet.flows.progress`) hears it start and finish."""
     flow_obj = stage_flow(name)
     stage = flow_obj.with_options(task_runner=task_runner(settings, flow_obj.name))
+    report_stage(StageEvent(generation, name, "started"))
+    started = time.perf_counter()
     state = stage(settings=settings, generation=generation, base_url=url, return_state=True)
     out = state.result()
+    report_stage(StageEvent(generation, name, "finished", stage_summary(out), time.perf_counter() - started))
     return out, str(state.state_details.flow_run_id or "")
 
 

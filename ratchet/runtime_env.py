@@ -29,6 +29,7 @@ def prepare_environment(settings: Settings) -> None:
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "MLFLOW_MODEL_CATALOG_URI": "",  # traced model calls: prices from the bundled catalog, no fetch
         "MLFLOW_DISABLE_TELEMETRY": "true",  # MLflow reads DO_NOT_TRACK only as "true"
+        "MLFLOW_LOGGING_LEVEL": "WARNING",  # its INFO lines (database migrations) would break a log's lines
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",

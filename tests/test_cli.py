@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -114,6 +115,13 @@ def test_run_starts_its_own_server_then_browse_trajectories(tmp_path, base_model
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "explore" in proc.stdout and "evaluate" in proc.stdout and "MLflow run" in proc.stdout
+    # output to a pipe, as in a log: a plain line per stage start and end, no library INFO lines
+    lines = proc.stdout.splitlines()
+    for stage in ("explore", "diagnose", "distill", "evaluate"):
+        assert any(ln.endswith(f"gen 0 {stage} started") for ln in lines), proc.stdout
+        assert any(f"gen 0 {stage} finished in " in ln for ln in lines), proc.stdout
+    assert any(re.search(r"gen 0 evaluate finished in [\d.]+ min: n=2 successes=\d", ln) for ln in lines)
+    assert " INFO " not in proc.stderr and "…" not in proc.stdout, proc.stderr  # nothing cut to 80 columns
     assert (tmp_path / "data" / "logs" / "server.log").exists()
     leftover = subprocess.run(
         ["pgrep", "-f", f"models-dir {tmp_path / 'data' / 'models'}"], capture_output=True, text=True
@@ -160,6 +168,13 @@ def test_readme_main_command_end_to_end(tmp_path, base_model_dir):
     proc = ratchet("run", cwd=tmp_path, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "explore" in proc.stdout and "evaluate" in proc.stdout and "MLflow run" in proc.stdout
+    # output to a pipe, as in a log: a plain line per stage start and end, no library INFO lines
+    lines = proc.stdout.splitlines()
+    for stage in ("explore", "diagnose", "distill", "evaluate"):
+        assert any(ln.endswith(f"gen 0 {stage} started") for ln in lines), proc.stdout
+        assert any(f"gen 0 {stage} finished in " in ln for ln in lines), proc.stdout
+    assert any(re.search(r"gen 0 evaluate finished in [\d.]+ min: n=2 successes=\d", ln) for ln in lines)
+    assert " INFO " not in proc.stderr and "…" not in proc.stdout, proc.stderr  # nothing cut to 80 columns
 
 
 def test_split_larger_than_the_suite_offers_is_one_line(tmp_path):
@@ -285,3 +300,13 @@ def test_skills_show_lists_an_exemplar_sets_solved_tasks(tmp_path):
     )
     listed = ratchet("skills", "list", "--kind", "exemplar", cwd=tmp_path)
     assert listed.returncode == 0 and "coin-exemplars" in listed.stdout
+
+
+def test_a_stage_event_is_one_plain_line_with_its_counts() -> None:
+    from ratchet.flows.progress import StageEvent
+
+    assert StageEvent(1, "explore", "started").line() == "gen 1 explore started"
+    summary = {"n": 8, "successes": 3, "success_rate": 0.375, "ci95": [0.1, 0.7], "promoted": ["a", "b"]}
+    line = StageEvent(1, "verify", "finished", summary, 150.0).line()
+    assert line == "gen 1 verify finished in 2.5 min: n=8 successes=3 success_rate=0.375 promoted=a,b"
+    assert "\n" not in StageEvent(2, "distill", "finished", {"names": ["x\ny"], "dropped": [{"j": 1}]}).line()
