@@ -12,11 +12,11 @@ stages screen again before anything becomes a candidate.
 
 A judge answer is discarded (cause '') and its reason kept (`judged`, counted by the
 diagnose stage as `judge_discarded`) when it is no JSON of the schema ("no answer"), when
-it quotes the evidence or carries an instruction found there ("quotes the evidence"), or
-when it says nothing (`says_nothing`). The embedded 135M judge wrote "..." as every cause,
-copying the example `{"cause": "..."}` its prompt used to end with: the prompt now
-describes the answer instead of showing a placeholder, and a copy of the prompt's own
-words is one of the answers that say nothing.
+it quotes the evidence or carries an instruction found there ("quotes the evidence"), when
+it says nothing (`says_nothing`), or when it loops ("repeats itself", `ratchet.text`). The
+embedded 135M judge wrote "..." as every cause, copying the example `{"cause": "..."}` its
+prompt used to end with: the prompt now describes the answer instead of showing a
+placeholder, and a copy of the prompt's own words is one of the answers that say nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from ratchet.agents.structured import ask_json
 from ratchet.diagnosis.attribution import SuccessTree, normalize_action
 from ratchet.diagnosis.signals import primary_mode, signals
 from ratchet.skills.screen import Screen
+from ratchet.text import repeats_itself
 from ratchet.types import FAILURE_MODES, Attribution, Diagnosis, Signal, Trajectory
 
 CAUSE_MAX = 160
@@ -115,6 +116,8 @@ def build_diagnoser(judge: BaseChatModel | None = None, judge_name: str = "") ->
             discarded = "quotes the evidence"  # or an instruction found in it: not a cause
         elif says_nothing(cause):
             discarded = "says nothing"
+        elif repeats_itself(cause):
+            discarded = "repeats itself"  # a small judge looping until its token budget ran out
         else:
             discarded = ""
         cause = "" if discarded else cause

@@ -27,6 +27,7 @@ from ratchet.agents.structured import ask_json
 from ratchet.diagnosis.keys import FailureKey
 from ratchet.skills.mining import Pattern
 from ratchet.skills.screen import Screen
+from ratchet.text import repeats_itself
 from ratchet.types import Diagnosis, FailureMode
 
 WRITER_SYSTEM = (
@@ -113,6 +114,8 @@ def build_distiller(teacher: BaseChatModel | None = None) -> Any:
             found = [p for text in _texts(candidate) for p in state["screen"].problems(text)]
             if not any(re.search(r"[A-Za-z]", s) for s in candidate.steps):
                 found.append("no step says what to do")  # e.g. a small teacher's steps ['1.']
+            if any(repeats_itself(text) for text in _texts(candidate)):
+                found.append("repeats itself")  # a small teacher looping until its budget ran out
             if source == "teacher":
                 found += _ungrounded(candidate, state["draft"])
             if not found:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from ratchet.hashing import content_hash
+from ratchet.text import cut_repetition
 
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[Split, ...] = ("train", "dev", "test")
@@ -312,6 +313,6 @@ class Diagnosis(BaseModel):
             alt = f"; successful runs did {a.alternatives[0]!r}" if a.alternatives else ""
             parts.append(f"took {a.taken!r} at step {a.step}{alt}")
         parts.extend(s.evidence for s in self.signals[:2] if s.evidence)
-        if self.cause:
-            parts.append(self.cause)
+        if self.cause:  # a cause stored before loops were discarded is cut after its first round
+            parts.append(cut_repetition(self.cause))
         return f"{self.subset}: " + "; ".join(parts)
