@@ -1,7 +1,7 @@
 """The suite contract every plug-in implements, and the episode it hands the actor.
 
-Contract version 2 (`CONTRACT_VERSION`; the README's "Adding a suite" has the table of
-promises, docs/extending.md what sits behind them and how to port a plug-in written for
+Contract version 2 (`CONTRACT_VERSION`; docs/extending.md has the table of promises ("The
+suite contract at a glance"), what sits behind them and how to port a plug-in written for
 the first contract):
 
 * a task's key is a seed (int) for generated tasks or a dataset's item id (str, `key_type`);
