@@ -162,6 +162,7 @@ def _share_converted_model(tmp_path: Path, base_model_dir: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 10-20 min quiet; past 900 s on a busy machine
 def test_readme_main_command_end_to_end(tmp_path, base_model_dir):
     """The README's main command on the embedded default, as a user runs it into a log
     (10-20 minutes): every stage of both generations as plain lines, then the whole table."""
