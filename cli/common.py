@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ratchet.config import Settings, load_settings
 from ratchet.errors import RatchetError
@@ -52,27 +53,44 @@ def load(**overrides: Any) -> Settings:
 
 
 def change(kind: Literal["skill", "adapter"], name: str, action: Action, reason: str, by: str | None) -> None:
-    """A person's decision on a candidate of either kind, through `ratchet.decisions.decide`,
-    reported with the live policy before and after it."""
+    """A person's decision on a candidate of either kind, through `ratchet.decisions.apply`
+    (one transaction: refused in one line with nothing changed, or applied and reported, a
+    mirror that failed after the record being a warning line, exit 0), reported with the live
+    policy before and after it."""
     import getpass
 
-    from ratchet.decisions import decide, verb
+    from ratchet.decisions import apply, check_decision, verb
     from ratchet.flows import agent_versions
     from ratchet.flows.runtime import champion_policy, open_library
     from ratchet.training.registry import AdapterRegistry
 
+    who = by or getpass.getuser()
+    check_decision(name, who, reason)  # before any state is opened or created
     settings = load()
     library, registry = open_library(settings), AdapterRegistry(settings)
     before, was = champion_policy(settings, library).version, registry.champion()
     candidates = library if kind == "skill" else registry
-    who = by or getpass.getuser()
-    changed = decide(candidates, name, action, who=who, why=reason)
-    agent_versions.sync(settings, library, by=who)  # MLflow's agent versions and prompts follow
-    after, now = champion_policy(settings, library).version, registry.champion()
-    names = ", ".join(changed if kind == "skill" else (f"adapter v{n}" for n in changed))
-    console.print(f"{verb(action)}: {names} · live policy {before} → {after}")
-    if kind == "adapter":
-        console.print(f"champion: {_adapter(now)} (was {_adapter(was)})")
+    mirrors = [agent_versions.decision_mirror(settings, library, who)]
+    outcome = apply(candidates, name, action, who=who, why=reason, mirrors=mirrors)
+    done = f"{verb(action)}: " + ", ".join(
+        outcome.changed if kind == "skill" else (f"adapter v{n}" for n in outcome.changed)
+    )
+    try:  # the decision is on disk: reading the result back must not turn it into an error
+        after, now = champion_policy(settings, library).version, registry.champion()
+    except Exception as exc:  # noqa: BLE001 - reported as a warning below
+        outcome.warnings.append(f"the live policy could not be read back: {_first_line(exc)}")
+        console.print(done, highlight=False)
+    else:
+        console.print(f"{done} · live policy {before} → {after}", highlight=False)
+        if kind == "adapter":
+            console.print(f"champion: {_adapter(now)} (was {_adapter(was)})")
+    for line in outcome.warnings:
+        err.print(f"[yellow]warning:[/] {escape(done)}; {escape(line)}", highlight=False, soft_wrap=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type if it has none)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _adapter(v: Any) -> str:
@@ -84,8 +102,8 @@ def guard() -> Iterator[None]:
     """Print a RatchetError as one `error:` line (exit 2); Ctrl-C as one line (exit 130)."""
     try:
         yield
-    except RatchetError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    except RatchetError as exc:  # escaped: a message may quote text holding '[...]'
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("interrupted: finished rollouts are stored; run the same command again to resume")

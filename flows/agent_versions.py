@@ -23,7 +23,10 @@ MLflow after every change to what is live, the way a SKILL.md mirrors its audit 
 
 `sync` rewrites the whole mirror from the stores, so it can run after any change by anyone
 (a stage, the CLI, the HTTP API, the `promote` flow) and converges after a kill. It never
-raises: a failure to write MLflow is a warning, and ratchet's own record stands.
+raises: a failure to write MLflow is a warning, and ratchet's own record stands. A person's
+decision (`ratchet.decisions.apply`) takes it as a `decision_mirror`, so that warning is
+reported with the decision ("promoted: a; the MLflow mirror … failed: …; it is retried by
+the next decision or stage") instead of only logged; any later sync repairs it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from mlflow.tracking import MlflowClient
 
 from ratchet.agents.prompts import system_prompt
 from ratchet.config import Settings
+from ratchet.decisions import Mirror
 from ratchet.flows.runtime import champion_policy, model_policy, policy_with
 from ratchet.flows.tracking import EVOLUTION, GENERATION, evolution_run_id, setup_experiment
 from ratchet.hashing import content_hash
@@ -98,15 +102,37 @@ def sync(
     the `ratchet.live` tags, the prompts and their `champion` aliases. Returns the agent
     version's model id ('' when MLflow could not be written: a warning says why)."""
     try:
-        with library.lifecycle.locked() if library is not None else nullcontext():  # one writer
-            if policy is None:
-                if library is None:
-                    raise ValueError("the live policy needs the skill library")
-                policy = champion_policy(settings, library)
-            return _sync(settings, library, policy, run_id, generation, by)
+        return sync_or_raise(settings, library, policy, run_id, generation, by)
     except Exception as exc:  # noqa: BLE001 - a mirror must never break a run or a decision
         log.warning("MLflow's copy of the live policy was not updated (ratchet's own record stands): %s", exc)
         return ""
+
+
+def sync_or_raise(
+    settings: Settings,
+    library: SkillLibrary | None,
+    policy: Policy | None = None,
+    run_id: str | None = None,
+    generation: int | None = None,
+    by: str = "",
+) -> str:
+    """`sync` that raises what failed, for a caller that reports it itself."""
+    with library.lifecycle.locked() if library is not None else nullcontext():  # one writer
+        if policy is None:
+            if library is None:
+                raise ValueError("the live policy needs the skill library")
+            policy = champion_policy(settings, library)
+        return _sync(settings, library, policy, run_id, generation, by)
+
+
+def decision_mirror(settings: Settings, library: SkillLibrary, by: str) -> Mirror:
+    """MLflow's agent versions and prompts as a mirror of a person's decision (the CLI, the
+    `promote` flow, the HTTP API pass it to `ratchet.decisions.apply`)."""
+    return Mirror(
+        "MLflow mirror (agent versions, prompts)",
+        lambda: sync_or_raise(settings, library, by=by),
+        "it is retried by the next decision or stage",
+    )
 
 
 def _sync(
@@ -272,6 +298,8 @@ def live_over_time(settings: Settings, library: SkillLibrary) -> list[tuple[str,
 
     out, version = [], live_version()
     for kind, record in sorted(events, key=lambda e: e[1].at):
+        if record.is_amendment:  # provenance joined by a merge: no change to what is live
+            continue
         order = promoted[kind]
         if record.to_status == "promoted" or record.name in order:
             order.pop(record.name, None)

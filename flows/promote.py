@@ -5,9 +5,12 @@ The flow lists every verified candidate (skills, tools, guardrails and adapters,
 (`PromotionForm`, a Prefect RunInput). Whoever resumes it (the Prefect UI's form, the REST
 endpoint `POST /api/flow_runs/{id}/resume`, or `prefect.flow_runs.resume_flow_run(id,
 run_input={...})`) names what to promote and what to reject, and why. Each change goes
-through `ratchet.decisions.decide` with `expect="verified"`, so a candidate someone else decided on
-meanwhile (CLI, dashboard) is reported as a conflict, never changed twice. Unanswered
-within `timeout_s`, the flow ends and nothing changes.
+through `ratchet.decisions.apply` with `expect="verified"`, so a candidate someone else decided on
+meanwhile (CLI, dashboard) is reported as a conflict, never changed twice. `apply` is the same
+transaction the CLI and the HTTP API use: a decision is refused with nothing changed (a
+conflict line: a stale view, bad input, changed files), or applied, a mirror that failed
+after its record being a warning. Unanswered within `timeout_s`, the flow ends and nothing
+changes.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
 from ratchet.config import Settings, settings_from
-from ratchet.decisions import Candidates, decide
-from ratchet.errors import AdapterStateError, CandidateStateError
+from ratchet.decisions import Action, Candidates, Mirror, apply, run_mirrors
+from ratchet.errors import AdapterStateError, RatchetError
 from ratchet.flows import agent_versions
 from ratchet.flows.runtime import open_library
 from ratchet.runtime_env import prepare_environment
@@ -42,6 +45,7 @@ class PromotionResult:
     rejected: list[str] = field(default_factory=list)
     conflicts: dict[str, str] = field(default_factory=dict)  # name -> one-line reason
     waiting: list[str] = field(default_factory=list)  # verified candidates nobody decided on
+    warnings: list[str] = field(default_factory=list)  # mirrors that failed after a decision
 
 
 ADAPTER = "adapter:"  # how the form names an adapter version ("adapter:3"); no skill name has a colon
@@ -54,27 +58,36 @@ def apply_decisions(
     who: str,
     why: str,
     registry: AdapterRegistry | None = None,
+    mirrors: list[Mirror] | None = None,
 ) -> PromotionResult:
-    """Promote and reject verified candidates of either kind; what cannot change is a
-    conflict, not an error."""
+    """Promote and reject verified candidates of either kind; what cannot change (a stale
+    view, bad input, changed files) is a conflict, not an error. `mirrors` (MLflow's agent
+    versions) are written once, after every decision."""
     out = PromotionResult()
-    for names, action, to, done in (
+    plan: tuple[tuple[list[str], Action, str, list[str]], ...] = (
         (promote, "promote", "promoted", out.promoted),
         (reject, "reject", "rejected", out.rejected),
-    ):
+    )
+    for names, action, to, done in plan:
         for name in names:
             try:
                 candidates, key = _kind_of(name, library, registry)
-                decide(candidates, key, action, who=who, why=why or f"{to} by {who}", expect="verified")
-                done.append(name)
-            except CandidateStateError as exc:
+                outcome = apply(
+                    candidates, key, action, who=who, why=why or f"{to} by {who}", expect="verified"
+                )
+            except RatchetError as exc:
                 out.conflicts[name] = str(exc)
+                continue
+            done.append(name)
+            out.warnings += [f"{to} {name}; {w}" for w in outcome.warnings]
+    if out.promoted or out.rejected:
+        run_mirrors(mirrors or [], out.warnings.append)
     out.waiting = _verified(library, registry)
     return out
 
 
 def _kind_of(name: str, library: SkillLibrary, registry: AdapterRegistry | None) -> tuple[Candidates, str]:
-    if not name.startswith(ADAPTER):
+    if not isinstance(name, str) or not name.startswith(ADAPTER):
         return library, name
     if registry is None:
         raise AdapterStateError(f"{name}: this evolution has no adapters")
@@ -132,7 +145,13 @@ def promote_flow(
         return PromotionResult()
     form = PromotionForm.with_initial_data(description=describe(library, registry), promote=verified)
     answer = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=2)
-    result = apply_decisions(library, answer.promote, answer.reject, answer.by, answer.reason, registry)
-    if result.promoted:  # MLflow's agent versions and prompts follow
-        agent_versions.sync(settings, library, by=answer.by)
+    mirror = agent_versions.decision_mirror(settings, library, answer.by)  # agent versions, prompts
+    result = apply_decisions(
+        library, answer.promote, answer.reject, answer.by, answer.reason, registry, [mirror]
+    )
+    logger = get_run_logger()
+    for line in result.warnings:
+        logger.warning("%s", line)
+    for name, why in result.conflicts.items():
+        logger.warning("%s: not changed: %s", ascii(name)[:80], why)
     return result

@@ -1,18 +1,36 @@
 """One way to decide on a candidate, for every kind (skills, tools, guardrails, adapters) and
-every caller: the CLI, the HTTP API, the `promote`
-flow, the stages and the dashboard.
+every caller: the CLI, the HTTP API, the `promote` flow, the stages and the dashboard.
 
 A decision is an action a person (or the gate) takes on a candidate's status; each goes
 through its kind's store (`Candidates`: the skill library, the adapter registry), which makes
 the change under its lifecycle's lock with the status the caller expects, so two people
 deciding at once get one change and one `CandidateStateError`.
+
+A decision is one transaction, `apply`: its input is checked (`ratchet.lifecycle.check_input`)
+and the kind checks everything it can (status, file hashes) before the record is written; any
+failure up to there is an error and nothing changed. Once the record is on disk the decision
+has happened: the kind's mirrors (SKILL.md status, vector index, MLflow tags and alias) and the
+caller's (`Mirror`: MLflow's agent versions and prompts) are written after it, and one that
+fails is a warning in the `Outcome` ("the vector index mirror failed: …; it is retried …"),
+never an error. After its record, every `apply` brings all of the kind's mirrors in line
+(`Candidates.mirror`), so a mirror that failed before is retried by the next decision.
+
+The CLI (`cli/common.py:change`), the `promote` flow (`flows/promote.py:apply_decisions`) and
+the HTTP API call `apply` (the API through `decide`, which logs the warnings instead of
+returning them); they pass MLflow's agent versions as a `Mirror`
+(`ratchet.flows.agent_versions.decision_mirror`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ratchet.lifecycle import TRANSITIONS, Record, Status
+from ratchet.lifecycle import TRANSITIONS, Record, Status, Warn, check_input
+
+log = logging.getLogger(__name__)
 
 Action = Literal["promote", "reject", "retire", "rollback"]
 ACTIONS: dict[str, Status] = {"promote": "promoted", "reject": "rejected", "retire": "retired"}
@@ -20,10 +38,12 @@ ACTIONS: dict[str, Status] = {"promote": "promoted", "reject": "rejected", "reti
 AVAILABLE: dict[str, list[str]] = {
     status: [a for a, to in ACTIONS.items() if to in TRANSITIONS[status]] for status in TRANSITIONS
 }
+RETRY = "it is retried by the next decision"
 
 
 class Candidates(Protocol):
-    """A kind's store, as decisions see it."""
+    """A kind's store, as decisions see it. `transition` and `rollback` raise only before
+    their first record; after it, a mirror that fails goes to `warn`."""
 
     def transition(
         self,
@@ -33,20 +53,93 @@ class Candidates(Protocol):
         why: str,
         evidence: dict[str, Any] | None = None,
         expect: Status | None = None,
+        warn: Warn | None = None,
     ) -> Record: ...
 
-    def rollback(self, name: str, who: str, why: str) -> list[str]: ...
+    def rollback(self, name: str, who: str, why: str, warn: Warn | None = None) -> list[str]: ...
+
+    def mirror(self, warn: Warn) -> None:
+        """Bring every mirror of the log in line (never raises: a failure goes to `warn`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """A copy of the decision kept outside the kind (MLflow's agent versions), written after
+    the record; `retry` says when it is written again if it fails now."""
+
+    what: str
+    write: Callable[[], object]
+    retry: str = RETRY
+
+
+@dataclass
+class Outcome:
+    """What a decision did: every candidate whose status changed (a rollback retires the
+    promotion and every later one), and one line per mirror that failed after the record."""
+
+    action: Action
+    changed: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+
+def mirror_failed(what: str, exc: BaseException, retry: str = RETRY) -> str:
+    """The one warning line for a mirror that failed after its record."""
+    lines = str(exc).strip().splitlines()
+    reason = lines[0] if lines else type(exc).__name__
+    return f"the {what} failed: {reason}; {retry}"
+
+
+def check_decision(name: str, who: str, why: str) -> None:
+    """A decision's input, checked before anything is opened (an `InvalidInputError`)."""
+    check_input(name, who, why)
+
+
+def apply(
+    candidates: Candidates,
+    name: str,
+    action: Action,
+    who: str,
+    why: str,
+    expect: Status | None = None,
+    mirrors: Sequence[Mirror] = (),
+) -> Outcome:
+    """Apply `action` to candidate `name` as one transaction (module docstring): raises only
+    if nothing was recorded; a mirror that failed afterwards is a warning in the outcome."""
+    check_decision(name, who, why)
+    warnings: list[str] = []
+
+    def warn(line: str) -> None:
+        if line not in warnings:  # the same mirror failing again on the retry is one warning
+            warnings.append(line)
+
+    if action == "rollback":
+        changed = candidates.rollback(name, who=who, why=why, warn=warn)
+    else:
+        candidates.transition(name, ACTIONS[action], who=who, why=why, expect=expect, warn=warn)
+        changed = [name]
+    candidates.mirror(warn)  # also retries whatever an earlier change failed to mirror
+    run_mirrors(mirrors, warn)
+    return Outcome(action, changed, warnings)
+
+
+def run_mirrors(mirrors: Sequence[Mirror], warn: Warn) -> None:
+    """Write each mirror; a failure is a warning (the decision it mirrors stands)."""
+    for m in mirrors:
+        try:
+            m.write()
+        except Exception as exc:  # noqa: BLE001 - a mirror never undoes or fails a decision
+            warn(mirror_failed(m.what, exc, m.retry))
 
 
 def decide(
     candidates: Candidates, name: str, action: Action, who: str, why: str, expect: Status | None = None
 ) -> list[str]:
-    """Apply `action` to candidate `name`; returns every candidate whose status changed (a
-    rollback retires the promotion and every later one)."""
-    if action == "rollback":
-        return candidates.rollback(name, who=who, why=why)
-    candidates.transition(name, ACTIONS[action], who=who, why=why, expect=expect)
-    return [name]
+    """`apply` for callers that only need what changed; mirror warnings go to the log."""
+    outcome = apply(candidates, name, action, who, why, expect)
+    for line in outcome.warnings:
+        log.warning("%s %s; %s", verb(action), ", ".join(outcome.changed), line)
+    return outcome.changed
 
 
 def verb(action: Action) -> str:

@@ -61,6 +61,12 @@ def append_line(path: Path, line: str) -> None:
 def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
     """Every record of an append-only log; a damaged line is one StateFileError that says how
     to recover. Nothing is skipped or rewritten: the log is the record of what happened."""
+    return [record for _, record in read_jsonl_numbered(path, model, what)]
+
+
+def read_jsonl_numbered(path: Path, model: type[M], what: str) -> list[tuple[int, M]]:
+    """Like `read_jsonl`, each record with its line number (1-based), so a reader that finds
+    a record wrong can name the line to fix."""
     if not path.exists():
         return []
     try:
@@ -74,7 +80,7 @@ def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
         if not line.strip():
             continue
         try:
-            records.append(model.model_validate_json(line))
+            records.append((number, model.model_validate_json(line)))
         except (ValidationError, ValueError):
             if torn_tail and number == len(lines):
                 raise StateFileError(

@@ -9,10 +9,32 @@ A `Lifecycle` is the store behind one kind: an append-only audit log (`audit.jso
 the truth about every candidate's status, and an exclusive `flock` (`.lock`) under which every
 change is made. A change is one fsynced record (who, when, why, evidence, content hash) that
 says where the candidate came from and where it went; whatever else shows the status (a
-SKILL.md's `ratchet-status`, an MLflow tag, the `champion` alias) is a mirror written after the
-record, so a process killed between the two leaves the log right and the mirror stale, and the
-next reader believes the log. A record is never rewritten; a damaged log is one line that says
-how to recover (`ratchet.files.read_jsonl`).
+SKILL.md's `ratchet-status`, an MLflow tag, the `champion` alias, a vector index) is a mirror
+written after the record, so a process killed between the two leaves the log right and the
+mirror stale, and the next reader believes the log. A mirror that fails is a warning, never
+an error: the change happened (`Warn`; `ratchet.decisions.apply` retries the kind's mirrors
+after every decision). A record is never rewritten; a damaged log is one line that says how
+to recover (`ratchet.files.read_jsonl`).
+
+The log is read as a history, and an impossible one is refused whole. Every line must follow
+from the one before it for the same name: the first files it (nothing → candidate), each next
+one starts where the last ended (`from_status` is the previous `to_status`) and makes a move
+`TRANSITIONS` allows, or is an *amendment* (from_status = to_status: the status stays, the
+content hash is re-pinned, e.g. when a merge joins a near-duplicate's provenance). A line that
+breaks this (hand-appended `rejected → promoted`, a promotion of a name never filed, a second
+filing) was not written by ratchet; the whole log is then one `StateFileError` naming the line
+and how to recover, like a damaged line. Refusing the whole log rather than quarantining the
+one candidate is deliberate: it loses nothing (no line is skipped or rewritten), and every
+reader (the live set, the champion, the dashboard's replays) goes through `read_log`, so none
+can be talked into "live" by a line it did not check. What it cannot stop: someone who can
+write the data dir can append a *complete* forged history (filed → verified → promoted with
+the right hashes); the data dir is trusted storage, records are not signed.
+
+What a record says is checked once, before anything is written (`check_input`): names are
+1-100 characters from letters, digits, '.', '_', '-' (never a path); who and why are non-empty
+UTF-8 text (no lone surrogates: undecodable command-line bytes arrive as those), without
+control or bidi characters (why may hold newlines and tabs), at most 100 / 2,000 characters.
+A refusal is one `InvalidInputError` line that never echoes the raw input.
 
 Only `retired → promoted` is a way back: a retired candidate passed the gate once (nothing
 reaches `promoted` without going through `verified`), so a person may make it live again.
@@ -24,8 +46,11 @@ what is live afterwards is exactly what was live just before the named one went 
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
-from collections.abc import Iterable, Iterator
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,8 +58,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from ratchet.errors import CandidateStateError
-from ratchet.files import append_line, exclusive, read_jsonl
+from ratchet.errors import CandidateStateError, RatchetError, StateFileError
+from ratchet.files import append_line, exclusive, read_jsonl_numbered
+
+log = logging.getLogger(__name__)
 
 Status = Literal["candidate", "verified", "promoted", "retired", "rejected"]
 STATUSES: tuple[Status, ...] = ("candidate", "verified", "promoted", "retired", "rejected")
@@ -46,6 +73,70 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "rejected": frozenset(),
 }
 AUDIT = "audit.jsonl"
+NAME_MAX, WHO_MAX, WHY_MAX = 100, 100, 2000
+NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would let a trailing newline in
+# shown as text they reorder or hide what follows them (a reason that reads backwards)
+BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+Warn = Callable[[str], None]  # told of each mirror that failed after a record (one line each)
+
+
+def log_warning(line: str) -> None:
+    """Where a mirror's failure goes when no one asked to hear it (a stage): the log."""
+    log.warning("%s", line)
+
+
+class InvalidInputError(RatchetError):
+    """A name, who or why a record cannot hold; nothing was written. (Not a state conflict:
+    the HTTP API answers it 422, not 409.)"""
+
+
+def shown(value: str, limit: int = 32) -> str:
+    """`value` safe to print in one ASCII line: escaped and cut, never the raw input."""
+    return ascii(value[:limit]) + ("..." if len(value) > limit else "")
+
+
+def check_name(name: Any, what: str = "candidate") -> str:
+    """A name a record may hold: 1-100 letters, digits, '.', '_', '-' (so never a path)."""
+    if not isinstance(name, str) or len(name) > NAME_MAX or not NAME_RE.match(name):
+        size = f"{len(name)} characters" if isinstance(name, str) else type(name).__name__
+        raise InvalidInputError(
+            f"{shown(str(name))} ({size}) is not a valid {what} name",
+            f"a name is 1-{NAME_MAX} characters of letters, digits, '.', '_' and '-'",
+        )
+    return name
+
+
+def check_text(value: Any, field: str, limit: int, newlines: bool = False) -> str:
+    """Text a record may hold (`who`, `why`): non-empty UTF-8 text, at most `limit`
+    characters, no control or bidi characters (newlines and tabs too, if `newlines`)."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{field} must be text, not {type(value).__name__}")
+    for i, c in enumerate(value, 1):
+        if 0xD800 <= ord(c) <= 0xDFFF:
+            raise InvalidInputError(
+                f"{field} is not valid UTF-8 text (character {i} is a byte that does not decode)",
+                "type it again as UTF-8 text",
+            )
+    for i, c in enumerate(value, 1):
+        if (unicodedata.category(c) == "Cc" and not (newlines and c in "\n\t")) or c in BIDI:
+            raise InvalidInputError(
+                f"{field} holds a control character (U+{ord(c):04X} at character {i})",
+                "write it as plain text",
+            )
+    if not value.strip():
+        raise InvalidInputError(f"{field} is empty", "say who decides and why")
+    if len(value) > limit:
+        raise InvalidInputError(f"{field} is longer than {limit} characters ({len(value)})", "shorten it")
+    return value
+
+
+def check_input(name: Any, who: Any, why: Any, what: str = "candidate") -> None:
+    """Everything a record takes from outside, checked before anything is read or written:
+    the one place the CLI, the HTTP API, the `promote` flow and the stages are checked."""
+    check_name(name, what)
+    check_text(who, "who", WHO_MAX)
+    check_text(why, "reason", WHY_MAX, newlines=True)
 
 
 class Record(BaseModel):
@@ -59,6 +150,11 @@ class Record(BaseModel):
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     content_hash: str = ""  # what was decided on: a SKILL.md's hash, an adapter's sha256
     evidence: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def is_amendment(self) -> bool:
+        """A record that re-pins the content hash and leaves the status where it was."""
+        return self.from_status == self.to_status
 
     @model_validator(mode="before")
     @classmethod
@@ -88,14 +184,45 @@ def latest_evidence(records: Iterable[Record]) -> dict[str, dict[str, Any]]:
 
 
 def read_log(root: Path, what: str) -> list[Record]:
-    """The audit log under `root`, read strictly; creates nothing (a preflight may call it)."""
-    return read_jsonl(root / AUDIT, Record, what)
+    """The audit log under `root`, read strictly (a damaged line or an impossible history is
+    one StateFileError); creates nothing (a preflight may call it)."""
+    numbered = read_jsonl_numbered(root / AUDIT, Record, what)
+    check_history(numbered, root / AUDIT, what)
+    return [r for _, r in numbered]
+
+
+def check_history(numbered: Iterable[tuple[int, Record]], path: Path, what: str) -> None:
+    """Refuse a log in which some line does not follow from the one before it for its name
+    (module docstring): one line that names it and how to recover."""
+    at: dict[str, tuple[int, Status]] = {}  # name -> (line, status) of its latest record
+    for number, r in numbered:
+        name, frm, to = ascii(r.name), r.from_status, r.to_status
+        seen = at.get(r.name)
+        problem = ""
+        if seen is None and (frm is not None or to != "candidate"):
+            problem = f"moves {name} {frm or 'nowhere'} → {to}, but {name} was never filed"
+        elif seen is not None and frm is None:
+            problem = f"files {name} again (filed again after line {seen[0]}); a name is filed once"
+        elif seen is not None and frm != seen[1]:
+            problem = f"moves {name} {frm} → {to}, but {name} is {seen[1]} there (line {seen[0]})"
+        elif seen is not None and to != frm and to not in TRANSITIONS[seen[1]]:
+            problem = f"moves {name} {frm} → {to}, which the lifecycle does not allow"
+        if problem:
+            raise StateFileError(
+                f"{what} {path} line {number} {problem}",
+                f"ratchet did not write that line and nothing is live on its word: restore the file "
+                f"from a backup, or delete the line if it was added by hand (sed -i '{number}d' {path})",
+            )
+        at[r.name] = (number, to)
 
 
 def promoted_order(records: list[Record]) -> list[str]:
-    """The candidates `records` leave promoted, in the order they (last) went live."""
+    """The candidates `records` leave promoted, in the order they (last) went live
+    (an amendment is no move: it does not make a candidate go live again)."""
     order: dict[str, None] = {}
     for r in records:
+        if r.is_amendment:
+            continue
         order.pop(r.name, None)
         if r.to_status == "promoted":
             order[r.name] = None
@@ -171,6 +298,7 @@ class Lifecycle:
 
     def file(self, name: str, who: str, why: str, content_hash: str = "") -> Record:
         """Record a new candidate. Names are never reused: a filed name is taken for good."""
+        check_input(name, who, why, self.what)
         with self.locked():
             if name in self.last():
                 raise self.error(f"{self.what} {name!r} is filed already")
@@ -198,6 +326,7 @@ class Lifecycle:
         """Move `name` to `to`, if the lifecycle allows it from where the log says it is.
         `expect` guards against acting on a stale view: a person who saw 'verified' must not
         promote what someone else rejected a moment ago. The record is on disk on return."""
+        check_input(name, who, why, self.what)
         with self.locked():
             last = self.last().get(name)
             if last is None:
@@ -220,6 +349,30 @@ class Lifecycle:
                 who=who,
                 why=why,
                 content_hash=last.content_hash if content_hash is None else content_hash,
+                evidence=evidence or {},
+            )
+            self._append(record)
+        return record
+
+    def amend(
+        self, name: str, who: str, why: str, content_hash: str, evidence: dict[str, Any] | None = None
+    ) -> Record:
+        """Re-pin what `name` is without moving its status (a merge joined a near-duplicate's
+        provenance into it): a record whose from_status and to_status are both its status."""
+        check_input(name, who, why, self.what)
+        with self.locked():
+            last = self.last().get(name)
+            if last is None:
+                raise self.error(
+                    f"no {self.what} named {name!r}", f"see `{self.listing}`" if self.listing else ""
+                )
+            record = Record(
+                name=name,
+                from_status=last.to_status,
+                to_status=last.to_status,
+                who=who,
+                why=why,
+                content_hash=content_hash,
                 evidence=evidence or {},
             )
             self._append(record)

@@ -9,9 +9,23 @@
 agentskills.io front matter has `name` (lowercase letters, digits, hyphens; at most 64
 characters), `description` (at most 1024) and a `metadata` map of strings; ratchet keeps
 its fields there under `ratchet-*` keys so other skill readers still load the file.
-`ratchet-content-hash` covers everything that changes behaviour (name, description, body,
-tool code and spec), not the lifecycle fields: a file whose content was edited after it
-was written is refused on load rather than silently used.
+
+Two hashes, both checked on load (a file edited after it was written is refused rather than
+silently used):
+
+* `ratchet-content-hash` covers what changes behaviour (name, description, body, tool code and
+  spec, rule, exemplars). It names the candidate's arm in a gate and its index entry, so it
+  must not move when only metadata does (a merge joining provenance).
+* `ratchet-record-hash` covers the whole record: the content hash and every other field the
+  file carries (kind, family, evolution, generation, provenance, created-at), all but the
+  status (the audit log says that). It is what the audit log pins when a skill is filed, so
+  metadata edited after promotion is refused like edited text.
+
+Decision, written down: the record hash is a new scheme beside the content hash, not a
+change of it. Logs written before it pin the content hash; such a skill still reads, checked
+on its content only (its metadata is unpinned until it is distilled again), and nothing it
+filed is rehashed. A log that pins a record hash cannot be downgraded to that check: the two
+hashes differ, so a file rewritten without its record hash no longer matches the pin.
 """
 
 from __future__ import annotations
@@ -34,7 +48,7 @@ SkillKind = Literal["procedure", "guardrail", "tool", "rule", "exemplar"]
 SkillStatus = Status  # the one candidate lifecycle (`ratchet.lifecycle`)
 ToolKind = Literal["macro", "function"]
 
-NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+NAME_RE = re.compile(r"\A[a-z0-9]+(-[a-z0-9]+)*\Z")  # \Z: "$" would let a trailing newline in
 NAME_MAX, DESCRIPTION_MAX, BODY_MAX = 64, 1024, 8000
 FILE = "SKILL.md"
 
@@ -105,7 +119,13 @@ class Skill(BaseModel):
 
     @property
     def content_hash(self) -> str:
+        """What changes behaviour (module docstring)."""
         return skill_hash(self.name, self.description, self.body, self.tool, self.rule, self.exemplars)
+
+    @property
+    def record_hash(self) -> str:
+        """The whole record but its status: what the audit log pins (module docstring)."""
+        return skill_record_hash(self)
 
     def text(self) -> SkillText:
         """What the actor's prompt shows (procedures and guardrails)."""
@@ -155,6 +175,24 @@ def skill_hash(
     return content_hash(parts, length=16)
 
 
+RECORD_SCHEME = "ratchet-record/1"  # bump if the fields below change: old pins then fail loudly
+
+
+def skill_record_hash(skill: Skill) -> str:
+    """sha256 (16 hex) over the content hash and every metadata field but the status."""
+    parts = [
+        RECORD_SCHEME,
+        skill.content_hash,
+        skill.kind,
+        skill.family,
+        skill.evolution,
+        skill.generation,
+        list(skill.provenance),
+        skill.created_at.isoformat(),
+    ]
+    return content_hash(parts, length=16)
+
+
 # ------------------------------------------------------------------ files
 
 
@@ -169,6 +207,7 @@ def render(skill: Skill) -> str:
         "ratchet-provenance": " ".join(skill.provenance),
         "ratchet-created-at": skill.created_at.isoformat(),
         "ratchet-content-hash": skill.content_hash,
+        "ratchet-record-hash": skill.record_hash,
     }
     front = {"name": skill.name, "description": skill.description, "metadata": meta}
     head = yaml.safe_dump(front, sort_keys=False, allow_unicode=True, width=1000)
@@ -255,6 +294,12 @@ def load(directory: Path) -> Skill:
     if skill.content_hash != meta["ratchet-content-hash"]:
         raise SkillFileError(
             f"{where} was changed after it was written (content hash mismatch)",
+            "restore it, or distill a new candidate instead of editing one",
+        )
+    pinned = meta.get("ratchet-record-hash")  # absent in files written before it existed
+    if pinned is not None and skill.record_hash != str(pinned):
+        raise SkillFileError(
+            f"{where} was changed after it was written (record hash mismatch: its metadata was edited)",
             "restore it, or distill a new candidate instead of editing one",
         )
     return skill

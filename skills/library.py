@@ -6,26 +6,34 @@
 
 Status lives in the skill lifecycle (`ratchet.lifecycle`, the same store adapters use): its
 audit log says a skill's status, not its file. Each change first appends an audit record
-(fsynced), then rewrites the SKILL.md's `ratchet-status` to mirror it, under the lifecycle's
-lock, so two concurrent promotions of one skill cannot both win: the second finds the status
-already changed and gets a SkillStateError. Reading checks the file against the log:
+(fsynced), then rewrites the SKILL.md's `ratchet-status` and the index entry to mirror it,
+under the lifecycle's lock, so two concurrent promotions of one skill cannot both win: the
+second finds the status already changed and gets a SkillStateError. Everything that can
+refuse a change (the file's hashes, the status) is checked before the record; a mirror that
+fails after it is a warning (the change happened) and is written again by the next decision
+(`mirror`). Reading checks the file against the log:
 
 * no audit record at all: the folder was not filed by ratchet (planted or copied by hand):
   refused, never live;
-* content hash differs from the one last audited: the text was edited: refused;
-* the file's status is the last record's `from_status`: a status change was killed
-  between its two writes; the log wins (the change happened) and the next change under
-  the lock rewrites the file;
+* the file's record hash (content and metadata: kind, family, provenance, generation, …;
+  `skills/format.py`) is not the one the log pins: the file was edited: refused. (A skill
+  filed before record hashes existed is pinned by its content hash only.)
+* the file is one mirror write behind the log (its status is one the log gave it earlier, or
+  a merge's amendment record holds provenance the file does not have yet): a change was killed
+  or its mirror failed between the record and the file; the log wins and the next change
+  rewrites the file;
 * any other disagreement: a hand edit: refused.
 
-A damaged audit log (a torn line from a kill mid-append, or an edit) is reported in one
-line that says how to recover; it is never rewritten behind anyone's back. What this does
-not stop: someone who can write the data dir can append a forged record too. The data
-dir is trusted storage; distilled text and tool code are not.
+A damaged audit log (a torn line from a kill mid-append, an edit, or a line that does not
+follow from the one before it: `ratchet.lifecycle`) is reported in one line that says how
+to recover; it is never rewritten behind anyone's back. What this does not stop: someone
+who can write the data dir can append a complete forged history. The data dir is trusted
+storage; distilled text and tool code are not.
 
 A new candidate that is a near-duplicate of an existing skill of the same kind and family
-(cosine similarity >= `merge_similarity`) is merged into it (provenance joined) instead
-of piling up; a near-duplicate of a rejected skill stays rejected.
+(cosine similarity >= `merge_similarity`) is merged into it (provenance joined, pinned by an
+amendment record that keeps its status) instead of piling up; a near-duplicate of a rejected
+skill stays rejected.
 """
 
 from __future__ import annotations
@@ -41,13 +49,43 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ratchet import faults
+from ratchet.decisions import mirror_failed
 from ratchet.errors import SkillFileError, SkillStateError
-from ratchet.lifecycle import AUDIT, Lifecycle, Record, read_log
+from ratchet.lifecycle import (
+    AUDIT,
+    Lifecycle,
+    Record,
+    Warn,
+    check_input,
+    log_warning,
+    read_log,
+    shown,
+)
 from ratchet.memory.vector_index import VectorIndex
-from ratchet.skills.format import FILE, Skill, SkillKind, SkillStatus, load, render, write_files
+from ratchet.skills.format import (
+    FILE,
+    NAME_MAX,
+    NAME_RE,
+    Skill,
+    SkillKind,
+    SkillStatus,
+    load,
+    render,
+    write_files,
+)
 
 MERGE_SIMILARITY = 0.92
+INDEX_RETRY = "it is retried by the next decision"
+FILE_RETRY = "the audit log holds the change; the file is retried by the next decision"
 __all__ = ["AUDIT", "AddResult", "SkillLibrary", "read_audit"]
+
+
+@dataclass(frozen=True)
+class Filed:
+    """What the audit log says of one skill: its latest record and every status it has had."""
+
+    last: Record
+    statuses: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -74,11 +112,18 @@ class SkillLibrary:
         self.merge_similarity = merge_similarity
         self.lifecycle = Lifecycle(self.root, "skill", SkillStateError, "ratchet skills list")
         self._index: VectorIndex | None = None
+        self._index_error: Exception | None = None
 
     @property
     def index(self) -> VectorIndex:
         if self._index is None:  # opened on first use: listing skills needs no embedding model
-            self._index = VectorIndex(self.index_dir, "skills")
+            if self._index_error is not None:  # Chroma keeps a failed open broken for the process
+                raise self._index_error
+            try:
+                self._index = VectorIndex(self.index_dir, "skills")
+            except Exception as exc:
+                self._index_error = exc
+                raise
         return self._index
 
     # -- reading
@@ -89,28 +134,40 @@ class SkillLibrary:
 
     def get(self, name: str) -> Skill:
         """The skill with the status its audit log gives it; refused if the file disagrees."""
-        return self._checked(name, self._last_records())
+        return self._checked(name, self._state())
 
-    def _checked(self, name: str, last: dict[str, Record]) -> Skill:
+    def _checked(self, name: str, state: dict[str, Filed]) -> Skill:
+        return self._view(name, state)[0]
+
+    def _view(self, name: str, state: dict[str, Filed]) -> tuple[Skill, bool]:
+        """The skill as the log says it is, and whether its file lags behind the log."""
+        if not isinstance(name, str) or len(name) > NAME_MAX or not NAME_RE.match(name):
+            size = f"{len(name)} characters" if isinstance(name, str) else type(name).__name__
+            raise SkillStateError(f"no skill named {shown(str(name))} ({size})", "see `ratchet skills list`")
         path = self.root / name / FILE
         if not path.exists():
             raise SkillStateError(f"no skill named {name!r}", "see `ratchet skills list`")
         skill = load(self.root / name)
-        record = last.get(name)
-        if record is None:
+        filed = state.get(name)
+        if filed is None:
             raise SkillFileError(
                 f"{path} has no record in the audit log: ratchet did not file it, so it is not live",
                 f"remove {path.parent}; skills enter the library only through `ratchet distill`",
             )
-        if record.content_hash != skill.content_hash:
-            raise SkillFileError(
-                f"{path} was changed after it was filed (its content hash is not the audited one)",
-                "restore the file, or distill a new candidate instead of editing one",
-            )
+        record, lagging = filed.last, False
+        if not _pinned(record.content_hash, skill):
+            amended = record.evidence.get("provenance") if record.is_amendment else None
+            joined = skill.model_copy(update={"provenance": amended}) if isinstance(amended, list) else None
+            if joined is None or not _pinned(record.content_hash, joined):
+                raise SkillFileError(
+                    f"{path} was changed after it was filed (its record hash is not the audited one)",
+                    "restore the file, or distill a new candidate instead of editing one",
+                )
+            skill, lagging = joined, True  # killed between a merge's record and its file: the log wins
         if skill.status == record.to_status:
-            return skill
-        if skill.status == record.from_status:  # killed between the record and the file: the log wins
-            return skill.model_copy(update={"status": record.to_status})
+            return skill, lagging
+        if skill.status in filed.statuses:  # a status mirror not (yet) written: the log wins
+            return skill.model_copy(update={"status": record.to_status}), True
         raise SkillFileError(
             f"{path} says status {skill.status!r} but its audit log says {record.to_status!r}",
             "change status only with `ratchet skills promote|reject|retire`; restore the file",
@@ -119,10 +176,10 @@ class SkillLibrary:
     def scan(self) -> tuple[list[Skill], list[str]]:
         """Every loadable skill, and one error line for each skill that is refused."""
         skills, errors = [], []
-        last = self._last_records()
+        state = self._state()
         for name in self.names():
             try:
-                skills.append(self._checked(name, last))
+                skills.append(self._checked(name, state))
             except (SkillFileError, SkillStateError) as exc:
                 errors.append(str(exc))
         return skills, errors
@@ -139,28 +196,39 @@ class SkillLibrary:
             and (family is None or s.family == family)
         ]
 
-    def history(self, name: str | None = None) -> list[Record]:
-        return self.lifecycle.records(name)
+    def history(self, name: str | None = None, amendments: bool = False) -> list[Record]:
+        """Every status change, oldest first (of `name` only, if given); with `amendments`, also
+        the records that re-pinned a skill without moving it (a merge's joined provenance)."""
+        return [r for r in self.lifecycle.records(name) if amendments or not r.is_amendment]
 
     # -- writing
 
-    def add(self, skill: Skill, who: str = "distill") -> AddResult:
-        """File a new candidate, or merge it into a near-duplicate already in the library."""
+    def add(self, skill: Skill, who: str = "distill", warn: Warn | None = None) -> AddResult:
+        """File a new candidate, or merge it into a near-duplicate already in the library (its
+        joined provenance pinned by an amendment record)."""
         if skill.status != "candidate":
             raise SkillStateError(f"new skills enter as candidates, not {skill.status!r}")
+        warn = warn or log_warning
+        record = None
         with self._locked():
-            twin = self._near_duplicate(skill)
+            twin = self._near_duplicate(skill)  # needs the index: a broken one refuses before any record
             if twin is not None:
                 merged = twin.model_copy(update={"provenance": _union(twin.provenance, skill.provenance)})
-                self._write(merged)
+                if merged.provenance != twin.provenance:
+                    why = f"merged a near-duplicate distilled from {len(skill.provenance)} trajectories"
+                    record = self.lifecycle.amend(
+                        twin.name, who, why, merged.record_hash, evidence={"provenance": merged.provenance}
+                    )
+                    self._mirror_file(merged, warn)
+                if record is not None:
+                    self._tell(record, warn)
                 return AddResult(twin.name, "merged", twin.status)
             name = self._free_name(skill.name)
             skill = skill.model_copy(update={"name": name})
             why = f"distilled from {len(skill.provenance)} trajectories"
             self._write(skill, new=True, filed=(who, why))
-            self.index.upsert([name], [_document(skill)], [_metadata(skill)])
-        if self.on_change is not None:
-            self.on_change(self.history(name)[-1])
+            self._mirror_index([skill], warn)
+        self._tell(self.history(name)[-1], warn)
         faults.point("skill.added")
         return AddResult(name, "added", "candidate")
 
@@ -172,29 +240,65 @@ class SkillLibrary:
         why: str,
         evidence: dict[str, Any] | None = None,
         expect: SkillStatus | None = None,
+        warn: Warn | None = None,
     ) -> Record:
-        """Move a skill along its lifecycle; `expect` guards against acting on a stale view."""
+        """Move a skill along its lifecycle; `expect` guards against acting on a stale view.
+        Raises only before the record; a mirror failing after it goes to `warn` (default: the
+        log), since the change has happened."""
+        check_input(name, who, why, "skill")
+        warn = warn or log_warning
         with self._locked():
             skill = self.get(name)  # the file must still be the one filed
             record = self.lifecycle.transition(
-                name, to, who, why, evidence=evidence, expect=expect, content_hash=skill.content_hash
-            )  # the log first: from here on the change has happened
+                name, to, who, why, evidence=evidence, expect=expect
+            )  # the log first (it keeps the pin): from here on the change has happened
             faults.point("skill.recorded")
-            self._write(skill.model_copy(update={"status": to}))
-            self.index.upsert([name], [_document(skill)], [_metadata(skill) | {"status": to}])
-        if self.on_change is not None:
-            self.on_change(record)
+            moved = skill.model_copy(update={"status": to})
+            self._mirror_file(moved, warn)
+            self._mirror_index([moved], warn)
+        self._tell(record, warn)
         faults.point("skill.transition")
         return record
 
-    def rollback(self, name: str, who: str, why: str) -> list[str]:
+    def rollback(self, name: str, who: str, why: str, warn: Warn | None = None) -> list[str]:
         """Undo the promotion of `name` and of every skill promoted after it (newest first), so
-        the live set is exactly what it was just before `name` went live; returns the retired."""
+        the live set is exactly what it was just before `name` went live; returns the retired.
+        Every one of them is checked before the first is retired."""
+        why = f"rollback of {name}: {why}"
+        check_input(name, who, why, "skill")
         with self._locked():
             undone = self.lifecycle.rollback_set(name)
+            state = self._state()
             for n in undone:
-                self.transition(n, "retired", who=who, why=f"rollback of {name}: {why}", expect="promoted")
+                self._checked(n, state)
+            for n in undone:
+                self.transition(n, "retired", who=who, why=why, expect="promoted", warn=warn)
         return undone
+
+    def mirror(self, warn: Warn = log_warning) -> None:
+        """Bring every mirror of the log in line: each SKILL.md whose status (or merged
+        provenance) lags, and every index entry that is missing or stale. Never raises: a
+        failure goes to `warn`. Refused skills are left as they are."""
+        try:
+            with self._locked():
+                state = self._state()
+                skills = []
+                for name in self.names():
+                    try:
+                        skill, lagging = self._view(name, state)
+                    except (SkillFileError, SkillStateError):
+                        continue
+                    skills.append(skill)
+                    if lagging:
+                        self._mirror_file(skill, warn)
+                try:
+                    known = {h.id: h.metadata for h in self.index.get([s.name for s in skills])}
+                except Exception as exc:  # noqa: BLE001 - reported, the log stands
+                    warn(mirror_failed("vector index mirror", exc, INDEX_RETRY))
+                    return
+                self._mirror_index([s for s in skills if known.get(s.name) != _metadata(s)], warn)
+        except Exception as exc:  # noqa: BLE001 - reported, the log stands
+            warn(mirror_failed("skill library's mirror", exc))
 
     def search(self, text: str, k: int = 5) -> list[tuple[Skill, float]]:
         """Skills most similar to `text` (cosine similarity), for `ratchet skills list --like`."""
@@ -236,7 +340,7 @@ class SkillLibrary:
             try:
                 write_files(skill, staging)
                 if filed is not None:
-                    self.lifecycle.file(skill.name, *filed, content_hash=skill.content_hash)
+                    self.lifecycle.file(skill.name, *filed, content_hash=skill.record_hash)
                     faults.point("skill.filing")
                 os.rename(staging, target)
             except BaseException:
@@ -251,6 +355,44 @@ class SkillLibrary:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def _mirror_file(self, skill: Skill, warn: Warn) -> None:
+        """Rewrite a SKILL.md after its record; a failure is a warning (the reader believes the log)."""
+        try:
+            self._write(skill)
+        except Exception as exc:  # noqa: BLE001 - the record stands
+            warn(mirror_failed(f"SKILL.md mirror of {skill.name}", exc, FILE_RETRY))
+
+    def _mirror_index(self, skills: list[Skill], warn: Warn) -> None:
+        """Upsert these skills' index entries; a failure is a warning (`mirror` retries)."""
+        if not skills:
+            return
+        try:
+            self.index.upsert(
+                [s.name for s in skills], [_document(s) for s in skills], [_metadata(s) for s in skills]
+            )
+        except Exception as exc:  # noqa: BLE001 - the record stands
+            warn(mirror_failed("vector index mirror", exc, INDEX_RETRY))
+
+    def _tell(self, record: Record, warn: Warn | None) -> None:
+        """`on_change` (MLflow's audit copy) of a record on disk; a failure is a warning."""
+        if self.on_change is None:
+            return
+        try:
+            self.on_change(record)
+        except Exception as exc:  # noqa: BLE001 - the record stands
+            (warn or log_warning)(
+                mirror_failed("MLflow copy of the audit record", exc, "the audit log holds it")
+            )
+
+    def _state(self) -> dict[str, Filed]:
+        """name -> what the log says of it (one read of the log)."""
+        last: dict[str, Record] = {}
+        statuses: dict[str, set[str]] = {}
+        for r in self.lifecycle.records():
+            last[r.name] = r
+            statuses.setdefault(r.name, set()).add(r.to_status)
+        return {n: Filed(r, frozenset(statuses[n])) for n, r in last.items()}
 
     def _last_records(self) -> dict[str, Record]:
         return self.lifecycle.last()
@@ -267,6 +409,12 @@ def read_audit(root: Path) -> list[Record]:
 
 def _document(skill: Skill) -> str:
     return f"{skill.name}\n{skill.description}\n{skill.body}"
+
+
+def _pinned(pin: str, skill: Skill) -> bool:
+    """Whether the log's pin is this file: its record hash, or (a skill filed before record
+    hashes) its content hash."""
+    return pin in (skill.record_hash, skill.content_hash)
 
 
 def _metadata(skill: Skill) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from ratchet.config import load_settings
-from ratchet.decisions import decide
-from ratchet.errors import AdapterError, AdapterStateError
+from ratchet.decisions import apply, decide
+from ratchet.errors import AdapterError, AdapterStateError, StateFileError
 from ratchet.training.registry import CHAMPION, AdapterRegistry, adapter_sha256
 
 
@@ -228,3 +229,69 @@ def test_an_edited_sha256_tag_does_not_launder_changed_files(
     registry.client.set_model_version_tag(registry.name, str(version), "sha256", adapter_sha256(path))
     with pytest.raises(AdapterError, match="sha256"):
         registry.checked_path(registry.get(version))
+
+
+def _append(registry: AdapterRegistry, name: str, from_status: str | None, to_status: str) -> int:
+    """A record appended by hand to the adapter audit log; returns its line number."""
+    sha = next((r.content_hash for r in registry.audit() if r.name == name), "0" * 64)
+    line = {"name": name, "from_status": from_status, "to_status": to_status, "who": "mallory",
+            "why": "trust me", "at": "2026-01-01T00:00:00Z", "content_hash": sha, "evidence": {}}  # fmt: skip
+    log = registry.root / "audit.jsonl"
+    with log.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    return len(log.read_text().splitlines())
+
+
+@pytest.mark.parametrize(
+    "start", [None, "candidate", "rejected"], ids=["never-filed", "candidate", "rejected"]
+)
+def test_a_hand_appended_promotion_never_makes_a_champion(
+    registry: AdapterRegistry, tmp_path: Path, start: str | None
+) -> None:
+    good = _passed(registry, tmp_path, 1)
+    decide(registry, str(good), "promote", who="me", why="passed")
+    if start is None:  # an MLflow version the lifecycle never filed (created behind its back)
+        version = int(registry.client.create_model_version(registry.name, "file:///evil").version)
+    else:
+        version = registry.register(_adapter(tmp_path, 9), "", "file:///x/9", "d9", "c", who="t").version
+        if start == "rejected":
+            registry.transition(str(version), "rejected", who="gate", why="no gain")
+    number = _append(registry, str(version), start, "promoted")
+    for read in (registry.champion, registry.list, registry.audit):
+        with pytest.raises(StateFileError, match=f"line {number}.*sed -i '{number}d'"):
+            read()
+    with pytest.raises(StateFileError):
+        decide(registry, str(good), "retire", who="me", why="nothing is appended behind it")
+    subprocess.run(["sed", "-i", f"{number}d", str(registry.root / "audit.jsonl")], check=True)
+    assert registry.champion().version == good
+
+
+def test_an_mlflow_mirror_that_fails_after_the_record_is_a_warning_and_is_retried(
+    registry: AdapterRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version = _passed(registry, tmp_path, 1)
+
+    def down(*args: object, **kw: object) -> None:
+        raise MlflowException("connection refused")
+
+    with monkeypatch.context() as m:
+        m.setattr(registry.client, "set_registered_model_alias", down)
+        outcome = apply(registry, str(version), "promote", who="me", why="ship")
+    assert outcome.changed == [str(version)] and registry.champion().version == version  # it happened
+    (warning,) = outcome.warnings
+    assert "MLflow" in warning and "connection refused" in warning and "retried" in warning
+    assert _alias(registry) is None  # the mirror lags ...
+    again = _passed(registry, tmp_path, 2)
+    apply(registry, str(again), "reject", who="me", why="no")  # ... until the next decision
+    assert _alias(registry) == version
+
+
+def test_a_decision_that_fails_before_its_record_changes_nothing(
+    registry: AdapterRegistry, tmp_path: Path
+) -> None:
+    version = _passed(registry, tmp_path, 1)
+    (registry.local_dir(registry.get(version).sha256) / "adapter_model.safetensors").write_bytes(b"x")
+    before = registry.audit()
+    with pytest.raises(AdapterError, match="sha256"):
+        apply(registry, str(version), "promote", who="me", why="ship")
+    assert registry.audit() == before and _alias(registry) is None

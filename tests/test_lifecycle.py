@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from ratchet.decisions import AVAILABLE, decide
 from ratchet.errors import CandidateStateError, StateFileError
-from ratchet.lifecycle import AUDIT, STATUSES, TRANSITIONS, Lifecycle, Record, latest_evidence
+from ratchet.files import read_jsonl
+from ratchet.lifecycle import (
+    AUDIT,
+    STATUSES,
+    TRANSITIONS,
+    WHY_MAX,
+    InvalidInputError,
+    Lifecycle,
+    Record,
+    check_history,
+    check_text,
+    latest_evidence,
+    read_log,
+)
 
 
 @pytest.fixture
@@ -25,14 +39,17 @@ class Kind:
     def __init__(self, lifecycle: Lifecycle) -> None:
         self.lifecycle = lifecycle
 
-    def transition(self, name, to, who, why, evidence=None, expect=None):  # type: ignore[no-untyped-def]
+    def transition(self, name, to, who, why, evidence=None, expect=None, warn=None):  # type: ignore[no-untyped-def]
         return self.lifecycle.transition(name, to, who, why, evidence=evidence, expect=expect)
 
-    def rollback(self, name: str, who: str, why: str) -> list[str]:
+    def rollback(self, name: str, who: str, why: str, warn=None) -> list[str]:  # type: ignore[no-untyped-def]
         undone = self.lifecycle.rollback_set(name)
         for n in undone:
             self.lifecycle.transition(n, "retired", who, why, expect="promoted")
         return undone
+
+    def mirror(self, warn) -> None:  # type: ignore[no-untyped-def]
+        """This kind has no mirrors."""
 
 
 def _at(store: Lifecycle, name: str, status: str) -> None:
@@ -180,3 +197,127 @@ def test_a_record_round_trips(store: Lifecycle) -> None:
     store.file("x", "t", "filed", content_hash="abc")
     (line,) = (store.root / AUDIT).read_text().splitlines()
     assert Record.model_validate_json(line).content_hash == "abc"
+
+
+# -- the log is read as a history: every line must follow from the one before
+
+
+def _forge(store: Lifecycle, name: str, from_status: str | None, to_status: str) -> int:
+    """Append a record by hand (an attacker, or a bad restore); returns its line number."""
+    line = {"name": name, "from_status": from_status, "to_status": to_status, "who": "mallory",
+            "why": "trust me", "at": "2026-01-01T00:00:00Z", "content_hash": "h-" + name,
+            "evidence": {}}  # fmt: skip
+    log = store.root / AUDIT
+    with log.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    return len(log.read_text().splitlines())
+
+
+@pytest.mark.parametrize(
+    ("start", "forged_from", "what"),
+    [
+        (None, None, "never filed"),  # a name this log never filed goes straight to promoted
+        (None, "verified", "never filed"),  # ... or claims to come from verified
+        ("candidate", "candidate", "candidate → promoted"),  # skipping the gate
+        ("rejected", "rejected", "rejected → promoted"),  # a rejection undone by hand
+        ("rejected", "verified", "is rejected"),  # the record lies about where it came from
+    ],
+)
+def test_an_impossible_history_is_refused_whole_not_taken_as_live(
+    store: Lifecycle, start: str | None, forged_from: str | None, what: str
+) -> None:
+    _at(store, "honest", "promoted")
+    if start is not None:
+        _at(store, "x", start)
+    number = _forge(store, "x", forged_from, "promoted")
+    log = store.root / AUDIT
+    before = log.read_bytes()
+    for read in (
+        store.promoted,
+        store.last,
+        lambda: store.status("honest"),
+        lambda: read_log(store.root, "t"),
+    ):
+        with pytest.raises(StateFileError) as info:
+            read()
+        message = str(info.value)
+        assert f"line {number}" in message and what in message and "\n" not in message
+        assert f"sed -i '{number}d'" in message and "restore" in message
+    with pytest.raises(StateFileError):  # and nothing is appended behind it
+        store.transition("honest", "retired", "ann", "cleanup")
+    assert log.read_bytes() == before  # never rewritten by ratchet
+    subprocess.run(["sed", "-i", f"{number}d", str(log)], check=True)  # the fix the message gives
+    assert store.promoted() == ["honest"]
+
+
+def test_a_second_filing_of_a_name_is_an_impossible_history(store: Lifecycle) -> None:
+    _at(store, "x", "rejected")
+    number = _forge(store, "x", None, "candidate")  # re-filed to wash the rejection away
+    with pytest.raises(StateFileError, match=f"line {number}.*filed again"):
+        store.records()
+
+
+def test_every_history_ratchet_writes_reads_back(store: Lifecycle) -> None:
+    for status in STATUSES:
+        _at(store, f"x-{status}", status)
+    store.amend("x-promoted", "distill", "merged a near-duplicate", content_hash="h2", evidence={"k": 1})
+    assert store.status("x-promoted") == "promoted" and store.records("x-promoted")[-1].content_hash == "h2"
+
+
+def test_an_amendment_changes_the_pin_not_the_order_things_went_live(store: Lifecycle) -> None:
+    for name in "ab":
+        _at(store, name, "promoted")
+    store.amend("a", "distill", "merged", content_hash="h-a2")
+    assert store.promoted() == ["a", "b"]  # 'a' did not go live again
+    assert decide(Kind(store), "b", "rollback", "ann", "undo b") == ["b"]
+
+
+def test_the_committed_audit_logs_are_possible_histories() -> None:
+    """Audit logs kept with the benchmark results must stay readable under the history check."""
+    root = Path(__file__).resolve().parents[1] / "bench" / "results"
+    logs = sorted(root.glob("*_audit.jsonl"))
+    assert logs
+    for log in logs:
+        records = read_jsonl(log, Record, "a committed audit log")
+        assert check_history([(i, r) for i, r in enumerate(records, 1)], log, "a committed audit log") is None
+
+
+# -- what a record may say: one check, before anything is written
+
+
+@pytest.mark.parametrize(
+    ("name", "who", "why", "needle"),
+    [
+        ("a" * 5000, "ann", "ok", "name"),
+        ("../../etc", "ann", "ok", "name"),
+        ("x\n", "ann", "ok", "name"),
+        ("x", "ann\udcff", "ok", "not valid UTF-8"),  # undecodable argv bytes arrive as lone surrogates
+        ("x", "ann", "bad \udcff\udcfe", "not valid UTF-8"),
+        ("x", "ann", "\x1b[2J\x1b[Hall good", "control character"),  # clears a reader's terminal
+        ("x", "ann\nbob", "ok", "control character"),
+        ("x", "ann", "ok \u202egnp.exe", "control character"),  # bidi override: shows text reversed
+        ("x", "", "ok", "empty"),
+        ("x", "ann", "   ", "empty"),
+        ("x", "a" * 101, "ok", "longer than 100"),
+        ("x", "ann", "w" * (WHY_MAX + 1), f"longer than {WHY_MAX}"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(
+    store: Lifecycle, name: str, who: str, why: str, needle: str
+) -> None:
+    _at(store, "x", "verified")
+    before = (store.root / AUDIT).read_bytes()
+    for attempt in (
+        lambda: decide(Kind(store), name, "promote", who, why),
+        lambda: store.transition(name, "promoted", who, why),
+        lambda: store.file(name, who, why),
+    ):
+        with pytest.raises(InvalidInputError) as info:
+            attempt()
+        assert needle in str(info.value) and "\n" not in str(info.value)
+        assert len(str(info.value)) < 400 and str(info.value).isascii()  # never echoes the raw input
+    assert (store.root / AUDIT).read_bytes() == before
+
+
+def test_a_multi_line_reason_is_text() -> None:
+    check_text("first line\n\tsecond line — ü", "reason", WHY_MAX, newlines=True)

@@ -92,3 +92,26 @@ def test_apply_decisions_moves_adapters_through_the_same_lifecycle(tmp_path: Pat
     assert "is rejected, not verified" in again.conflicts[f"adapter:{first}"]
     assert "not an adapter version number" in again.conflicts["adapter:x"]
     assert again.waiting == []
+
+
+def test_apply_decisions_reports_a_failed_mirror_as_a_warning_not_a_conflict(tmp_path: Path) -> None:
+    from ratchet.decisions import Mirror
+
+    settings = load_settings({"data_dir": tmp_path})
+    library = open_library(settings)
+    add_verified(library, "a", "Add left to right.")
+    add_verified(library, "b", "Check the result twice.")
+    (tmp_path / "index" / "chroma.sqlite3").write_bytes(b"not a database")  # damaged after filing
+    library = open_library(settings)  # a fresh process opens it again
+
+    def mlflow_down() -> None:
+        raise ConnectionError("connection refused")
+
+    result = apply_decisions(
+        library, ["a", "b"], [], who="ann", why="ok", mirrors=[Mirror("MLflow mirror", mlflow_down)]
+    )
+    assert (result.promoted, result.conflicts) == (["a", "b"], {})
+    assert [r.to_status for r in library.history("a")][-1] == "promoted"
+    assert any("promoted a; the vector index mirror failed" in w for w in result.warnings), result.warnings
+    assert any(w.startswith("the MLflow mirror failed: connection refused") for w in result.warnings)
+    assert all("\n" not in w for w in result.warnings)

@@ -11,9 +11,10 @@ retired, or rejected. Adapters are exclusive: of the promoted versions only the 
 live, the *champion*. A rollback retires the champion (and every later promotion), so the
 version promoted before it is champion again, or none is (the base model). The log is the
 truth; the version's `status` tags and the registered model's `champion` alias mirror it and
-are rewritten after each change (a process killed in between leaves them stale until the
-next change, never the log wrong). Before an adapter goes live or is served, its files are
-hashed again; a mismatch is refused.
+are rewritten after each change (a process killed in between, or MLflow failing there, leaves
+them stale until the next decision brings every version's tags and the alias in line: a
+warning, never an error, since the change happened). Before an adapter goes live or is
+served, its files are hashed again; a mismatch is refused before anything is recorded.
 """
 
 from __future__ import annotations
@@ -31,12 +32,23 @@ from mlflow.tracking import MlflowClient
 
 from ratchet import faults
 from ratchet.config import Settings
+from ratchet.decisions import mirror_failed
 from ratchet.errors import AdapterError, AdapterStateError
 from ratchet.files import atomic_dir
-from ratchet.lifecycle import Lifecycle, Record, Status, latest_evidence, promoted_order
+from ratchet.lifecycle import (
+    Lifecycle,
+    Record,
+    Status,
+    Warn,
+    check_input,
+    latest_evidence,
+    log_warning,
+    promoted_order,
+)
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 CHAMPION = "champion"
+MIRROR = "MLflow registry mirror (status tags, `champion` alias)"
 
 
 def served_name(sha256: str) -> str:
@@ -197,8 +209,11 @@ class AdapterRegistry:
         why: str,
         evidence: dict[str, Any] | None = None,
         expect: Status | None = None,
+        warn: Warn | None = None,
     ) -> Record:
-        """Move version `name` along the lifecycle; the MLflow tags and alias follow."""
+        """Move version `name` along the lifecycle; the MLflow tags and alias follow. Raises
+        only before the record; MLflow failing after it goes to `warn` (default: the log)."""
+        check_input(name, who, why, "adapter version")
         with self.lifecycle.locked():
             v = self.get(_number(name))
             if to == "promoted":
@@ -207,20 +222,52 @@ class AdapterRegistry:
                 v.name, to, who, why, evidence=evidence, expect=expect, content_hash=v.sha256
             )
             faults.point("adapter.recorded")
-            self._mirror(record)
+            self.mirror(warn or log_warning, names={record.name})
         return record
 
-    def rollback(self, name: str, who: str, why: str) -> list[str]:
+    def rollback(self, name: str, who: str, why: str, warn: Warn | None = None) -> list[str]:
         """Retire version `name` and every later promotion; the version promoted before it is
         the champion again (checked first: a rollback must not go live on changed files)."""
+        why = f"rollback of {name}: {why}"
+        check_input(name, who, why, "adapter version")
         with self.lifecycle.locked():
             undone = self.lifecycle.rollback_set(str(_number(name)))
             back = [n for n in self.lifecycle.promoted() if n not in undone]
             if back:
                 self.checked_path(self.get(int(back[-1])))
             for n in undone:
-                self.transition(n, "retired", who=who, why=f"rollback of {name}: {why}", expect="promoted")
+                self.get(int(n))  # every one is a version MLflow still has, before the first record
+            for n in undone:
+                self.transition(n, "retired", who=who, why=why, expect="promoted", warn=warn)
         return undone
+
+    def mirror(self, warn: Warn = log_warning, names: set[str] | None = None) -> None:
+        """Bring MLflow in line with the log: the tags of each version (`names` only, if given)
+        whose tags disagree with its latest record, and the `champion` alias. Never raises: a
+        failure goes to `warn`, and the next decision tries again."""
+        try:
+            with self.lifecycle.locked():
+                records = self.lifecycle.records()
+                last = {r.name: r for r in records}
+                found = self.client.search_model_versions(f"name = '{self.name}'")
+                for mv in found:
+                    record = last.get(str(mv.version))
+                    if record is None or (names is not None and record.name not in names):
+                        continue
+                    tags = _tags(record)
+                    for key, value in tags.items():
+                        if (mv.tags or {}).get(key) != value:
+                            self.client.set_model_version_tag(self.name, record.name, key, value)
+                if not found:
+                    return  # nothing registered yet: no alias to keep
+                champion = self._champion(records)
+                aliases = self.client.get_registered_model(self.name).aliases
+                if champion is not None and str(aliases.get(CHAMPION)) != champion:
+                    self.client.set_registered_model_alias(self.name, CHAMPION, champion)
+                elif champion is None and CHAMPION in aliases:  # the base model is live
+                    self.client.delete_registered_model_alias(self.name, CHAMPION)
+        except Exception as exc:  # noqa: BLE001 - the record stands
+            warn(mirror_failed(MIRROR, exc))
 
     # -- internals
 
@@ -251,22 +298,6 @@ class AdapterRegistry:
             evidence=evidence.get(last.name, {}),
         )
 
-    def _mirror(self, record: Record) -> None:
-        """Write the change where MLflow users look: the version's tags and the alias."""
-        for key, value in {
-            "status": record.to_status,
-            "who": record.who,
-            "why": record.why[:4000],
-            "at": record.at.isoformat(),
-            "evidence": json.dumps(record.evidence)[:5000],
-        }.items():
-            self.client.set_model_version_tag(self.name, record.name, key, value)
-        champion = self._champion(self.lifecycle.records())
-        if champion is not None:
-            self.client.set_registered_model_alias(self.name, CHAMPION, champion)
-        elif CHAMPION in self.client.get_registered_model(self.name).aliases:  # the base model is live
-            self.client.delete_registered_model_alias(self.name, CHAMPION)
-
     def _restore(self, v: AdapterVersion, path: Path) -> None:
         """Bring back a local copy from the MLflow artifact (the data dir was moved or pruned)."""
         try:
@@ -281,6 +312,17 @@ class AdapterRegistry:
         path.parent.mkdir(parents=True, exist_ok=True)
         got.rename(path)
         shutil.rmtree(self.root / ".dl", ignore_errors=True)
+
+
+def _tags(record: Record) -> dict[str, str]:
+    """The MLflow tags that mirror a version's latest record."""
+    return {
+        "status": record.to_status,
+        "who": record.who,
+        "why": record.why[:4000],
+        "at": record.at.isoformat(),
+        "evidence": json.dumps(record.evidence)[:5000],
+    }
 
 
 def _number(name: str) -> int:
