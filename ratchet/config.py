@@ -4,32 +4,67 @@ The file is `ratchet.toml` in the working directory, or the path in `RATCHET_CON
 (the CLI's `--config` sets that). Nested fields use `__` in environment variables,
 e.g. `RATCHET_MODEL__ENDPOINT=http://127.0.0.1:8000/v1`.
 All state (trajectories, MLflow, Prefect, model cache, logs) lives under `data_dir`.
+
+Strict on purpose, since a setting that is silently ignored or accepted out of range only fails
+hours later: every number has finite bounds, a config path that names no regular file is an
+error, and so is a `RATCHET_*` variable that nothing reads (a misspelt setting).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
 from ratchet.errors import ConfigError
 
 CONFIG_ENV = "RATCHET_CONFIG"
+ENV_PREFIX = "RATCHET_"
+# RATCHET_* variables that are not settings, and who reads them: anything else under the
+# prefix is reported as a misspelt setting.
+OTHER_VARIABLES = {
+    CONFIG_ENV: "the settings file",
+    "RATCHET_FAULT": "fault points for crash tests (ratchet/faults.py)",
+    "RATCHET_HOME": "the project directory scheduled deployments run in (deployments/prefect.yaml)",
+    "RATCHET_SERVER_THREADS": "the embedded model server's threads",
+    "RATCHET_CHROMIUM": "the browser the dashboard's browser test drives",
+}
+TEST_VARIABLES = "RATCHET_TEST_"  # the test suite's own (models dir, planted secrets)
+
+# Upper bounds where no real run comes near and past which something below breaks: a socket
+# timeout, an rlimit or an SQLite INTEGER overflows, or a loop never ends.
+DAY_S = 86_400.0
+INT64_MAX = 2**63 - 1
+MANY = 100_000  # gate tasks, candidates, failures: more than any run uses
+# split sizes: past what any suite offers, so the suite's own check says how many it has
+# (reasoning-gym: 10**6 per split)
+SPLIT_MAX = 10_000_000
+
+
+def sqlite_url(path: Path, driver: str = "sqlite") -> str:
+    """An SQLAlchemy URL for the SQLite file at `path`, percent-encoded: SQLAlchemy cuts a URL
+    at '?' and decodes '%xx', so a raw path with those would name another file."""
+    return f"{driver}:///{quote(str(path), safe='/')}"
 
 
 class Section(BaseModel):
-    """A `[table]` of the settings: an unknown key (a typo like `endpont`) is an error, not ignored."""
+    """A `[table]` of the settings: an unknown key (a typo like `endpont`) is an error, not ignored,
+    and so is `inf` or `nan` in a number (a timeout of `inf` fails every call it reaches)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 DEFAULT_CONFIG_FILE = "ratchet.toml"
@@ -44,10 +79,10 @@ class ModelSettings(Section):
     api_key: SecretStr = Field(
         default=SecretStr("not-needed"), description="API key for the endpoint (never logged or stored)"
     )
-    timeout_s: float = Field(default=120.0, gt=0, description="per-request timeout")
-    max_tokens: int = Field(default=96, gt=0, description="completion budget per step")
+    timeout_s: float = Field(default=120.0, gt=0, le=DAY_S, description="per-request timeout")
+    max_tokens: int = Field(default=96, gt=0, le=1_000_000, description="completion budget per step")
     port: int = Field(default=0, ge=0, le=65535, description="embedded server port (0 = any free)")
-    max_batch: int = Field(default=8, ge=1, description="embedded server: max sequences per batch")
+    max_batch: int = Field(default=8, ge=1, le=1024, description="embedded server: max sequences per batch")
     dtype: Literal["float32", "auto", "bfloat16"] = Field(
         default="auto",
         description="embedded server: the model's number format; 'auto' is bfloat16 on CPUs with native bf16 "
@@ -71,7 +106,7 @@ class ModelSettings(Section):
 
 
 class ExploreSettings(Section):
-    rollouts_per_task: int = Field(default=2, ge=1, description="k rollouts per train task")
+    rollouts_per_task: int = Field(default=2, ge=1, le=1000, description="k rollouts per train task")
     temperature: float = Field(default=0.8, gt=0, le=2, description="sampling temperature (> 0)")
     epsilon: float = Field(
         default=0.1, ge=0, le=1, description="chance to take a random valid action instead (explore only)"
@@ -85,10 +120,11 @@ class ExploreSettings(Section):
 
 class EvaluateSettings(Section):
     temperature: float = Field(default=0.0, ge=0, le=2, description="0 = greedy")
-    rollouts_per_task: int = Field(default=1, ge=1)
+    rollouts_per_task: int = Field(default=1, ge=1, le=1000)
     baseline_seeds: int = Field(
         default=5,
         ge=0,
+        le=1000,
         description="episodes per test task of the random valid-action policy, reported beside every "
         "test success with the gold path (no model: seconds); 0 = neither",
     )
@@ -101,8 +137,10 @@ class TeacherSettings(Section):
     endpoint: str = Field(default="", description="OpenAI-compatible base URL; empty = the policy's")
     name: str = Field(default="", description="model name; empty = the policy's")
     api_key: SecretStr = Field(default=SecretStr("not-needed"), description="bearer token, if any")
-    timeout_s: float = Field(default=120.0, gt=0)
-    max_tokens: int = Field(default=384, gt=0, description="completion budget per answer (JSON)")
+    timeout_s: float = Field(default=120.0, gt=0, le=DAY_S)
+    max_tokens: int = Field(
+        default=384, gt=0, le=1_000_000, description="completion budget per answer (JSON)"
+    )
 
 
 class DiagnoseSettings(Section):
@@ -110,21 +148,27 @@ class DiagnoseSettings(Section):
     cluster_similarity: float = Field(
         default=0.8, gt=0, le=1, description="cosine similarity for two diagnoses to share a cluster"
     )
-    min_cluster: int = Field(default=3, ge=1, description="members a cluster needs to yield a guardrail")
+    min_cluster: int = Field(
+        default=3, ge=1, le=MANY, description="members a cluster needs to yield a guardrail"
+    )
 
 
 class DistillSettings(Section):
     teacher: bool = Field(default=True, description="let the teacher phrase skills and write function tools")
-    min_tasks: int = Field(default=2, ge=1, description="tasks an action pattern must recur in")
-    patterns: int = Field(default=4, ge=1, description="patterns per family shown to the distiller")
-    tools: int = Field(default=2, ge=0, description="macro tool candidates per family")
+    min_tasks: int = Field(default=2, ge=1, le=MANY, description="tasks an action pattern must recur in")
+    patterns: int = Field(default=4, ge=1, le=1000, description="patterns per family shown to the distiller")
+    tools: int = Field(default=2, ge=0, le=1000, description="macro tool candidates per family")
     rules: int = Field(
         default=3,
         ge=0,
+        le=1000,
         description="action rule candidates per family (mined, no teacher: skills/rule_mining.py)",
     )
     exemplars: int = Field(
-        default=8, ge=0, description="solved train tasks an exemplar candidate holds per family; 0 = none"
+        default=8,
+        ge=0,
+        le=1000,
+        description="solved train tasks an exemplar candidate holds per family; 0 = none",
     )
     teacher_rules: bool = Field(
         default=True,
@@ -134,8 +178,12 @@ class DistillSettings(Section):
     merge_similarity: float = Field(
         default=0.92, gt=0, le=1, description="near-duplicates of an existing skill are merged into it"
     )
-    tool_timeout_s: float = Field(default=5.0, gt=0, description="sandbox wall-clock limit per tool call")
-    tool_memory_mb: int = Field(default=256, ge=32, description="sandbox memory limit per tool call")
+    tool_timeout_s: float = Field(
+        default=5.0, gt=0, le=3600, description="sandbox wall-clock limit per tool call"
+    )
+    tool_memory_mb: int = Field(
+        default=256, ge=32, le=65_536, description="sandbox memory limit per tool call"
+    )
 
 
 class GateSettings(Section):
@@ -150,12 +198,18 @@ class GateSettings(Section):
 
     alpha: float = Field(default=0.05, gt=0, lt=1, description="one-sided level: chance to admit a no-gain")
     max_tasks: int = Field(
-        default=64, ge=1, description="dev tasks a candidate may use (capped by the dev split); the last look"
+        default=64,
+        ge=1,
+        le=MANY,
+        description="dev tasks a candidate may use (capped by the dev split); the last look",
     )
-    look_every: int = Field(default=8, ge=1, description="dev tasks per look (both arms), then the gate")
+    look_every: int = Field(
+        default=8, ge=1, le=MANY, description="dev tasks per look (both arms), then the gate"
+    )
     spending_rho: float = Field(
         default=1.0,
         gt=0,
+        le=10,
         description="alpha spent by task t: alpha*(t/max_tasks)**rho; > 1 saves it for later",
     )
     max_regressions: float = Field(
@@ -193,6 +247,7 @@ class VerifySettings(GateSettings):
     min_failures: int = Field(
         default=8,
         ge=0,
+        le=MANY,
         description="champion failures a gate should hold: where its known dev success rate leaves "
         "fewer in splits.dev, the gate's dev tasks grow, a look at a time, up to max_tasks; 0 = splits.dev",
     )
@@ -206,7 +261,9 @@ class VerifySettings(GateSettings):
 class EvolveSettings(Section):
     """`ratchet evolve`: how many generations, and where rollouts run."""
 
-    generations: int = Field(default=1, ge=1, description="generations after the baseline (generation 0)")
+    generations: int = Field(
+        default=1, ge=1, le=10_000, description="generations after the baseline (generation 0)"
+    )
     task_runner: Literal["threads", "dask", "ray"] = Field(
         default="threads",
         description="Prefect task runner for rollouts: threads (default), dask or ray (install the extra)",
@@ -214,6 +271,7 @@ class EvolveSettings(Section):
     workers: int | None = Field(
         default=None,
         ge=1,
+        le=1024,
         description="dask/ray worker processes (default 2); the threads runner uses `concurrency`",
     )
 
@@ -238,22 +296,26 @@ class LoraSettings(Section):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rank: int = Field(default=16, ge=1, description="LoRA rank r")
-    alpha: int = Field(default=32, ge=1, description="LoRA scaling alpha (effective scale alpha/r)")
+    rank: int = Field(default=16, ge=1, le=4096, description="LoRA rank r")
+    alpha: int = Field(
+        default=32, ge=1, le=65_536, description="LoRA scaling alpha (effective scale alpha/r)"
+    )
     dropout: float = Field(default=0.05, ge=0, lt=1)
     targets: tuple[str, ...] = Field(
         default=("q_proj", "k_proj", "v_proj", "o_proj"), min_length=1, description="modules to adapt"
     )
-    lr: float = Field(default=5e-4, gt=0, description="AdamW learning rate (linear decay to 0)")
-    epochs: int = Field(default=3, ge=1)
-    batch_size: int = Field(default=8, ge=1, description="examples per optimizer step")
+    lr: float = Field(default=5e-4, gt=0, le=1, description="AdamW learning rate (linear decay to 0)")
+    epochs: int = Field(default=3, ge=1, le=1000)
+    batch_size: int = Field(default=8, ge=1, le=4096, description="examples per optimizer step")
     shared_prefixes: bool = Field(
         default=False,
         description="run each batch's shared prompt tokens once (a prefix tree, the same gradient "
         "but for dropout's masks): 1.35x faster, held-out effect not settled (bench/bf16_lora.py)",
     )
-    max_tokens: int = Field(default=1024, ge=16, description="longer examples are dropped, not truncated")
-    seed: int = Field(default=0)
+    max_tokens: int = Field(
+        default=1024, ge=16, le=1_000_000, description="longer examples are dropped, not truncated"
+    )
+    seed: int = Field(default=0, ge=0, le=INT64_MAX)
 
 
 class FinetuneSettings(Section):
@@ -268,7 +330,7 @@ class FinetuneSettings(Section):
     experts: bool = Field(
         default=False, description="also learn from expert trajectories (reported; the headline is without)"
     )
-    per_task: int = Field(default=2, ge=1, description="shortest distinct successes kept per task")
+    per_task: int = Field(default=2, ge=1, le=1000, description="shortest distinct successes kept per task")
     loops: Literal["cut", "drop"] = Field(
         default="cut",
         description="successes with a loop: cut = learn all but the repeated turns; drop = learn none",
@@ -276,6 +338,7 @@ class FinetuneSettings(Section):
     min_new_successes: int = Field(
         default=4,
         ge=0,
+        le=MANY,
         description="skip the stage unless this many kept successes walk an action path no earlier "
         "adapter learned (a rollout repeating a learned path under a new id is no new data)",
     )
@@ -283,10 +346,16 @@ class FinetuneSettings(Section):
 
 
 class SkillSettings(Section):
-    k: int = Field(default=3, ge=0, description="promoted skills shown per task (most relevant first)")
-    token_budget: int = Field(default=400, ge=0, description="prompt tokens the shown skills may take")
-    exemplars: int = Field(default=2, ge=0, description="solved tasks an exemplar set shows per task")
-    exemplar_budget: int = Field(default=300, ge=0, description="prompt tokens shown solved tasks may take")
+    k: int = Field(
+        default=3, ge=0, le=100, description="promoted skills shown per task (most relevant first)"
+    )
+    token_budget: int = Field(
+        default=400, ge=0, le=1_000_000, description="prompt tokens the shown skills may take"
+    )
+    exemplars: int = Field(default=2, ge=0, le=100, description="solved tasks an exemplar set shows per task")
+    exemplar_budget: int = Field(
+        default=300, ge=0, le=1_000_000, description="prompt tokens shown solved tasks may take"
+    )
 
 
 class SplitSizes(Section):
@@ -298,9 +367,11 @@ class SplitSizes(Section):
     3 in bf16). With 32 it is admitted 86% of the time, and a candidate that changes nothing
     still stops after 8 tasks (`verify.futility`; bench/gate_efficiency.py)."""
 
-    train: int = Field(default=4, ge=1, description="train tasks per subset")
-    dev: int = Field(default=32, ge=1, description="dev tasks per subset (the A/B gate needs 5 or more)")
-    test: int = Field(default=10, ge=1, description="test tasks per subset")
+    train: int = Field(default=4, ge=1, le=SPLIT_MAX, description="train tasks per subset")
+    dev: int = Field(
+        default=32, ge=1, le=SPLIT_MAX, description="dev tasks per subset (the A/B gate needs 5 or more)"
+    )
+    test: int = Field(default=10, ge=1, le=SPLIT_MAX, description="test tasks per subset")
 
 
 class Settings(BaseSettings):
@@ -309,6 +380,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         validate_default=True,
+        allow_inf_nan=False,
     )
 
     data_dir: Path = Field(default=Path(".ratchet"), description="all state lives here")
@@ -319,14 +391,19 @@ class Settings(BaseSettings):
         default="textworld-express:coin",
         description="suite plug-in, optionally with subsets: 'reasoning-gym:chain_sum,countdown'",
     )
-    seed: int = Field(default=0, description="base seed: task sampling and rollout seeds derive from it")
-    concurrency: int = Field(
-        default=8, ge=1, description="rollouts in flight at once (the server batches them)"
+    seed: int = Field(
+        default=0, ge=0, le=INT64_MAX, description="base seed: task sampling and rollout seeds derive from it"
     )
-    max_steps: int | None = Field(default=None, ge=1, description="override the suite's step budget")
+    concurrency: int = Field(
+        default=8, ge=1, le=1024, description="rollouts in flight at once (the server batches them)"
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=10_000, description="override the suite's step budget"
+    )
     history_window: int = Field(
         default=10,
         ge=1,
+        le=10_000,
         description="past steps shown to the model (trimmed in half-window blocks: prefixes stay cacheable)",
     )
     compact_repeats: bool = Field(
@@ -367,9 +444,9 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        path = Path(os.environ.get(CONFIG_ENV, DEFAULT_CONFIG_FILE))
+        path = config_path()
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if path.is_file():
+        if path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
 
@@ -388,7 +465,7 @@ class Settings(BaseSettings):
 
     @property
     def mlflow_uri(self) -> str:
-        return f"sqlite:///{(self.data_dir / 'mlflow.db').resolve()}"
+        return sqlite_url((self.data_dir / "mlflow.db").resolve())
 
     @property
     def mlflow_artifacts(self) -> Path:
@@ -422,11 +499,13 @@ def settings_from(config: str | None, overrides: dict[str, Any] | None = None) -
 
 
 def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
-    """Build settings, turning any validation problem into one readable ConfigError line."""
+    """Build settings, turning any problem with the file, the environment or a value into one
+    readable ConfigError line."""
     if config_file is not None:
-        if not config_file.is_file():
-            raise ConfigError(f"config file {config_file} not found", "check the --config path")
+        check_config_file(config_file, "--config", "check the --config path")
         os.environ[CONFIG_ENV] = str(config_file)
+    check_environment()
+    path = config_path()
     try:
         return Settings(**_nest(overrides or {}))
     except ValidationError as exc:
@@ -437,8 +516,84 @@ def load_settings(overrides: dict[str, Any] | None = None, config_file: Path | N
             f"invalid setting {where}: {first['msg']}{more}",
             "fix it in ratchet.toml, the RATCHET_* environment or the flag",
         ) from None
-    except Exception as exc:  # malformed TOML and the like
-        raise ConfigError(f"cannot read settings: {exc}", "fix the config file") from None
+    except SettingsError as exc:  # a section's variable (RATCHET_MODEL='{...}') that is not JSON
+        raise ConfigError(f"cannot read settings: {_first_line(exc)}", "fix the RATCHET_* variable") from None
+    except Exception as exc:  # malformed TOML, bytes that are not UTF-8, an unreadable file
+        where = f" from {path}" if path is not None else ""
+        raise ConfigError(f"cannot read settings{where}: {_first_line(exc)}", "fix the config file") from None
+
+
+def config_path() -> Path | None:
+    """The TOML file settings come from: `RATCHET_CONFIG` (set by `--config`), else
+    ./ratchet.toml if anything has that name (None if nothing does). A path naming no regular
+    file is an error: read as "no settings" it would run with the defaults, silently."""
+    named = os.environ.get(CONFIG_ENV, "")  # empty, like unset: the default file
+    if named:
+        check_config_file(Path(named), CONFIG_ENV, f"point {CONFIG_ENV} at a TOML file, or unset it")
+        return Path(named)
+    path = Path(DEFAULT_CONFIG_FILE)
+    if not os.path.lexists(path):
+        return None
+    check_config_file(path, "", f"move it away, or name a settings file with --config or {CONFIG_ENV}")
+    return path
+
+
+def check_config_file(path: Path, named_by: str, fix: str) -> None:
+    """A config path must be a regular file: not a directory, a FIFO (reading it would block)
+    or a link to nothing."""
+    if path.is_file():
+        return
+    if path.is_dir():
+        problem = "is a directory"
+    elif path.exists():
+        problem = "is not a regular file"
+    elif os.path.lexists(path):
+        problem = "does not exist (a broken symbolic link)"
+    else:
+        problem = "does not exist"
+    by = f" (named by {named_by})" if named_by else ""
+    raise ConfigError(f"config file {path} {problem}{by}", fix)
+
+
+def env_names(model: type[BaseModel] = Settings, prefix: str = ENV_PREFIX) -> set[str]:
+    """Every environment variable a setting is read from, sections included (they take JSON)."""
+    names: set[str] = set()
+    for field, info in model.model_fields.items():
+        name = f"{prefix}{field.upper()}"
+        names.add(name)
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            names |= env_names(info.annotation, f"{name}__")
+    return names
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """A `RATCHET_*` variable that no setting and no part of ratchet reads is an error naming
+    the nearest known one: a misspelt `RATCHET_CONCURENCY=2` would otherwise be ignored.
+    Settings match in any case, as pydantic-settings reads them; the others (`RATCHET_CONFIG`,
+    `RATCHET_FAULT`, ...) only as spelt, as that is how they are read."""
+    env = os.environ if environ is None else environ
+    settings = env_names()
+    suffixes = sorted(k.removeprefix(ENV_PREFIX) for k in settings | set(OTHER_VARIABLES))
+    unknown = []
+    for name in sorted(env):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in settings:
+            continue
+        if name in OTHER_VARIABLES or name.startswith(TEST_VARIABLES):
+            continue
+        near = difflib.get_close_matches(upper.removeprefix(ENV_PREFIX), suffixes, n=1, cutoff=0.6)
+        unknown.append(f"{name} (did you mean {ENV_PREFIX}{near[0]}?)" if near else name)
+    if unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        raise ConfigError(
+            f"unknown environment variable{plural} {', '.join(unknown)}",
+            "rename or unset it: RATCHET_* variables set settings, nested with __ "
+            "(e.g. RATCHET_MODEL__ENDPOINT)",
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,17 @@ class RatchetError(Exception):
     def __init__(self, problem: str, fix: str = "") -> None:
         self.problem = problem
         self.fix = fix
-        super().__init__(f"{problem}. {fix}".strip() if fix else problem)
+        super().__init__(one_line(f"{problem}. {fix}".strip() if fix else problem))
+
+
+# what str.splitlines() breaks at, each written as its escape
+_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks written as escapes: a message quotes paths and names the user
+    chose, and one holding a newline must still print as one line."""
+    return text.translate(_BREAKS)
 
 
 class ConfigError(RatchetError):
@@ -72,4 +82,9 @@ class PrefectStartError(RatchetError):
 
 
 class StateFileError(RatchetError):
-    """A state file under the data dir (audit log, trajectory DB, journal) is damaged."""
+    """A state file under the data dir (audit log, trajectory DB, journal, MLflow's database)
+    is damaged or cannot be written."""
+
+
+class DataDirError(RatchetError):
+    """The data dir cannot be created or written (a read-only file system, a file in the way)."""
