@@ -134,7 +134,8 @@ def tools_serve(
     transport: Annotated[str, typer.Option(help="stdio or http")] = "stdio",
     port: Annotated[int, typer.Option(help="HTTP port on 127.0.0.1")] = 8765,
 ) -> None:
-    """Serve distilled tools to any MCP client (every call runs in the sandbox)."""
+    """Serve distilled tools to any MCP client (every call runs in the sandbox). Over HTTP it
+    answers only loopback Host names and no foreign Origin (`dashboard/hosts.py`)."""
     with guard():
         from ratchet.skills.toolbox import Toolbox
 
@@ -150,7 +151,14 @@ def tools_serve(
             + (f" on 127.0.0.1:{port}" if transport == "http" else "")
         )
         if transport == "http":
-            box.mcp.run(transport="http", host="127.0.0.1", port=port, show_banner=False)
+            from starlette.middleware import Middleware
+
+            from ratchet.dashboard.hosts import LoopbackOnly
+
+            # a web page reaches 127.0.0.1 through the browser (DNS rebinding, cross-site
+            # posts): the dashboard's Host/Origin rules, on reads too (the event stream)
+            wall = [Middleware(LoopbackOnly, every_method=True)]
+            box.mcp.run(transport="http", host="127.0.0.1", port=port, show_banner=False, middleware=wall)
         else:
             box.mcp.run(transport="stdio", show_banner=False)
 

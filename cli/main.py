@@ -330,15 +330,24 @@ def api(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8780) -> 
 
         settings = load()
         check_port_free("127.0.0.1", port, "pass --port with another port")
-        console.print(f"API on http://127.0.0.1:{port}/api (docs: /api/docs; Ctrl-C to stop)")
-        uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+        app_ = create_app(settings)  # writes the token on the first start, refuses a leaked one
+        console.print(
+            f"API on http://127.0.0.1:{port}/api (docs: /api/docs; changes need `Authorization: Bearer` "
+            f"with the token in {settings.data_dir}/dashboard.token; Ctrl-C to stop)",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
+        uvicorn.run(app_, host="127.0.0.1", port=port, log_level="warning")
 
 
 @app.command()
 def dashboard(
     port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: dashboard.port)")] = None,
 ) -> None:
-    """Serve the dashboard: generations, champion history, skills with A/B evidence, decisions."""
+    """Serve the dashboard: generations, champion history, skills with A/B evidence, decisions.
+    Its URL carries the data dir's token (DATA_DIR/dashboard.token, made on the first start):
+    the page needs it to decide, as a script needs it in `Authorization: Bearer`."""
     with guard():
         import uvicorn
 
@@ -349,9 +358,16 @@ def dashboard(
         settings = load()
         port = port or settings.dashboard.port
         check_port_free("127.0.0.1", port, "pass --port or set dashboard.port")
-        app_ = create_dashboard(settings)
+        app_ = create_dashboard(settings)  # writes the token on the first start, refuses a leaked one
         embed(["warm up"])  # a decision re-indexes the skill: load the embedding model now, not on a click
-        console.print(f"dashboard on http://127.0.0.1:{port}/ (API: /api/docs; Ctrl-C to stop)")
+        console.print(
+            f"dashboard on http://127.0.0.1:{port}/?token={app_.state.token} "
+            f"(API: /api/docs, changes need `Authorization: Bearer` with the token in "
+            f"{settings.data_dir}/dashboard.token; Ctrl-C to stop)",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
         uvicorn.run(app_, host="127.0.0.1", port=port, log_level="warning")
 
 

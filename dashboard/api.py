@@ -2,46 +2,80 @@
 reject, retire, rollback.
 
 The dashboard calls it; anything else may too (it binds to 127.0.0.1, and `dashboard.hosts`
-refuses foreign Host names and cross-origin changes: DNS rebinding, CSRF). Every change goes
-through `ratchet.decisions.decide`, in the kind's lifecycle, with `expect` set to the status
-the caller saw, so two people acting on the same candidate at once get one success and one
-`409 Conflict`, never a double change. Errors are one line in `{"detail": ...}`.
+refuses foreign Host names and cross-origin changes: DNS rebinding, CSRF). A change needs the
+data dir's token (`dashboard.auth`: `Authorization: Bearer TOKEN`) and a body of at most
+`hosts.MAX_BODY`; reads need neither. Every change goes through `ratchet.decisions.decide`,
+in the kind's lifecycle, with `expect` set to the status the caller saw, so two people acting
+on the same candidate at once get one success and one `409 Conflict`, never a double change.
+Errors are one line in `{"detail": ...}`: a refused decision (any `RatchetError`) is a 4xx,
+never a 500.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import AfterValidator, BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ratchet.config import Settings
-from ratchet.dashboard.hosts import LoopbackOnly
+from ratchet.dashboard.auth import TokenRequired, ensure_token
+from ratchet.dashboard.hosts import BodyLimit, LoopbackOnly
+from ratchet.dashboard.inputs import name_problem, one_line, plain_lines, plain_text
 from ratchet.decisions import Action, Candidates
 from ratchet.decisions import decide as apply_decision
-from ratchet.errors import CandidateStateError, SkillFileError, SkillStateError
+from ratchet.errors import CandidateStateError, RatchetError, SkillFileError, SkillStateError
 from ratchet.flows import agent_versions
 from ratchet.flows.runtime import champion_policy, open_library
 from ratchet.lifecycle import Status
 from ratchet.skills.library import SkillLibrary
 from ratchet.training.registry import AdapterRegistry, AdapterVersion
 
+Lines = Annotated[str, AfterValidator(plain_lines)]  # text, newlines and tabs allowed
+Line = Annotated[str, AfterValidator(plain_text)]  # one line of text
+
 
 class Decision(BaseModel):
-    reason: str = Field(min_length=1, max_length=500, description="why (kept in the audit log)")
-    by: str = Field(min_length=1, max_length=100, description="who decides")
+    reason: Lines = Field(min_length=1, max_length=500, description="why (kept in the audit log)")
+    by: Line = Field(min_length=1, max_length=100, description="who decides")
     expect: Status | None = Field(default=None, description="the status you saw; a mismatch is a 409")
 
 
 def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastAPI:
     lib = library or open_library(settings)
     app = FastAPI(title="ratchet", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    # outermost last: Host/Origin, then the token, then the body's size, all before the body is read
+    app.state.token = ensure_token(settings.data_dir)
+    app.add_middleware(BodyLimit)
+    app.add_middleware(TokenRequired, token=app.state.token)
     app.add_middleware(LoopbackOnly)
+
+    @app.exception_handler(RatchetError)
+    def ratchet_error(request: Request, exc: RatchetError) -> Response:
+        """A store or the lifecycle refused (a malformed file, a bad name or reason): 422, or
+        404 for a skill that is not there; one line, never a 500."""
+        return detail(404 if isinstance(exc, SkillStateError) else 422, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(request: Request, exc: RequestValidationError) -> Response:
+        """pydantic's list of errors as one line, without echoing the input (it may hold
+        text no JSON answer can carry)."""
+        lines = [f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors()]
+        return detail(422, "; ".join(lines))
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return detail(exc.status_code, str(exc.detail), exc.headers)
 
     def live() -> str:
         return champion_policy(settings, lib).version
 
     def load(name: str) -> Any:
+        if (problem := name_problem(name)) is not None:
+            raise HTTPException(404, problem)
         try:
             return lib.get(name)
         except SkillStateError as exc:
@@ -114,6 +148,8 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
             changed = apply_decision(candidates, name, action, decision.by, decision.reason, decision.expect)
         except CandidateStateError as exc:
             raise HTTPException(409, str(exc)) from None
+        except RatchetError as exc:  # the lifecycle refused the name, reason or who
+            raise HTTPException(422, str(exc)) from None
         agent_versions.sync(settings, lib, by=decision.by)  # MLflow's agent versions and prompts follow
         return {"changed": changed, "policy_before": before, "policy_after": live()}
 
@@ -128,3 +164,8 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
         return decide(registry, str(version), action, decision) | {"status": registry.get(version).status}
 
     return app
+
+
+def detail(code: int, text: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error answer: `{"detail": one line}`."""
+    return JSONResponse({"detail": one_line(text)}, status_code=code, headers=headers)

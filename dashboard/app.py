@@ -3,7 +3,8 @@
 Server-rendered pages (Jinja templates, matplotlib SVG plots, one small script) on top of
 the HTTP API in `dashboard.api`; the Promote / Reject / Retire buttons call that API, the
 same audited, race-safe path as `ratchet skills promote`. Every asset ships in this package:
-the page loads nothing from the network.
+the page loads nothing from the network. Pages need no token; the buttons send the one the
+tab was opened with (`?token=`, see `dashboard.auth`).
 
     /                       generations (plots, table, MLflow and Prefect links), champion
                             history, skill library with A/B evidence, failure clusters
@@ -18,15 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from ratchet.config import Settings
-from ratchet.dashboard.api import create_app
+from ratchet.dashboard.api import create_app, detail
+from ratchet.dashboard.auth import matches
+from ratchet.dashboard.inputs import one_line
 from ratchet.dashboard.plots import cost_svg, success_svg
 from ratchet.dashboard.views import ACTIONS, DashboardData, NotFound, prefect_ui
-from ratchet.errors import RatchetError, SkillStateError
+from ratchet.errors import RatchetError, SkillStateError, StateFileError
 from ratchet.flows.runtime import champion_policy, open_library
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.library import SkillLibrary
@@ -42,7 +45,10 @@ def create_dashboard(settings: Settings, library: SkillLibrary | None = None) ->
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     def page(request: Request, name: str, evolution: str | None = None, **context: Any) -> HTMLResponse:
+        offered = request.query_params.get("token")
         common = {
+            # whether this page's link carried the right token (the script keeps it only then)
+            "token_link": "" if offered is None else "ok" if matches(app.state.token, offered) else "wrong",
             "evolution": evolution or settings.evolution,
             "evolutions": data.evolutions(),
             "data_dir": settings.data_dir,
@@ -57,8 +63,9 @@ def create_dashboard(settings: Settings, library: SkillLibrary | None = None) ->
         one line and the fix."""
         code = 404 if isinstance(exc, NotFound | SkillStateError) else 422
         if request.url.path.startswith("/api/"):
-            return JSONResponse({"detail": str(exc)}, status_code=code)
-        response = page(request, "error.html", status_code=code, problem=exc.problem, fix=exc.fix)
+            return detail(code, str(exc))
+        problem, fix = one_line(exc.problem), one_line(exc.fix)
+        response = page(request, "error.html", status_code=code, problem=problem, fix=fix)
         response.status_code = code
         return response
 
@@ -66,7 +73,10 @@ def create_dashboard(settings: Settings, library: SkillLibrary | None = None) ->
     def overview(request: Request, evolution: str | None = None) -> HTMLResponse:
         s = data.for_evolution(evolution)
         runs = data.generation_runs(s)  # one MLflow search for the table's links and the clusters
-        generations = data.generations(s, runs)
+        try:
+            generations, journal_error = data.generations(s, runs), ""
+        except StateFileError as exc:  # the rest of the page (skills, decisions) still works
+            generations, journal_error = [], one_line(str(exc))
         rows = [g.row for g in generations]
         skills, skill_errors = data.skills()
         return page(
@@ -74,6 +84,7 @@ def create_dashboard(settings: Settings, library: SkillLibrary | None = None) ->
             "overview.html",
             s.evolution,
             generations=generations,
+            journal_error=journal_error,
             success_svg=success_svg(rows),
             cost_svg=cost_svg(rows),
             policy=champion_policy(s, lib),

@@ -20,6 +20,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from ratchet.config import Settings
+from ratchet.dashboard.inputs import name_problem
 from ratchet.decisions import AVAILABLE
 from ratchet.errors import RatchetError
 from ratchet.flows.agent_versions import agent_versions, live_over_time
@@ -206,6 +207,8 @@ class DashboardData:
     def skill(self, name: str) -> tuple[SkillView, list[Record], list[Trajectory | str]]:
         """A skill, its audit history, and the trajectories it was distilled from (an id
         stands in for one the store no longer has)."""
+        if (problem := name_problem(name)) is not None:  # it never reaches the filesystem
+            raise NotFound(problem, "see the skill library on the front page")
         skill = self.library.get(name)  # SkillStateError (404) / SkillFileError (422) for the page
         history = self.library.history(name)
         view = SkillView(skill, latest_evidence(history).get(name, {}), ACTIONS.get(skill.status, []))

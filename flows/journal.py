@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from ratchet.agents.baselines import beats_random
 from ratchet.config import Settings
 from ratchet.errors import StateFileError
@@ -76,13 +78,14 @@ class Journal:
             return cls(path, settings.evolution)
         try:
             raw = json.loads(path.read_text())
-            records = [StageRecord(**r) for r in raw["stages"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            journal = cls(path, settings.evolution, _RECORDS.validate_python(raw["stages"]))
+            journal.rows()  # every summary as the table reads it: a wrong type is found here, not by a page
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StateFileError(
-                f"the evolution journal {path} is unreadable ({exc})",
+                f"the evolution journal {path} is unreadable ({_why(exc)})",
                 "move it away to start the evolution's bookkeeping afresh (stages rerun from the stores)",
             ) from None
-        return cls(path, settings.evolution, records)
+        return journal
 
     def done(self, generation: int, stage: str) -> bool:
         return any(r.generation == generation and r.stage == stage for r in self.records)
@@ -102,6 +105,7 @@ class Journal:
         write_text_atomic(self.path, json.dumps(body, indent=2))
 
     def rows(self) -> list[GenerationRow]:
+        """One row per generation, its fields checked against their types (a ValueError)."""
         rows: dict[int, GenerationRow] = {}
         for r in self.records:
             row = rows.setdefault(r.generation, GenerationRow(r.generation))
@@ -111,7 +115,22 @@ class Journal:
             if r.flow_run_id:
                 row.flow_runs[r.stage] = r.flow_run_id
             _fill(row, r.stage, r.summary)
-        return [rows[g] for g in sorted(rows)]
+        return [_ROW.validate_python(asdict(rows[g])) for g in sorted(rows)]
+
+
+# A journal is read back with its types checked (pydantic, lax: 3.0 is a fine int), so a
+# hand-edited or foreign one is one StateFileError at load (the pre-flight), not a TypeError
+# deep in a table or a page.
+_RECORDS = TypeAdapter(list[StageRecord])
+_ROW = TypeAdapter(GenerationRow)
+
+
+def _why(exc: Exception) -> str:
+    """One line: pydantic's first error (where, what), or the exception's text."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError | AttributeError) else str(exc)
 
 
 def _fill(row: GenerationRow, stage: str, s: dict[str, Any]) -> None:

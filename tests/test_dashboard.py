@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,9 +21,16 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return build(tmp_path_factory.mktemp("dashboard"))
 
 
+def authorized(app: Any) -> TestClient:
+    """A local client that sends the data dir's token with every request, as the page does."""
+    client = local_client(app)
+    client.headers["Authorization"] = f"Bearer {app.state.token}"
+    return client
+
+
 @pytest.fixture
 def client(built: Built) -> TestClient:
-    return local_client(create_dashboard(built.settings))
+    return authorized(create_dashboard(built.settings))
 
 
 def rows_of(html: str, table_id: str) -> list[str]:
@@ -106,7 +115,7 @@ def test_every_asset_is_served_here(client: TestClient) -> None:
 
 def test_a_decision_shows_up_in_the_champion_history(tmp_path: Path) -> None:
     settings = build(tmp_path).settings
-    client = local_client(create_dashboard(settings))
+    client = authorized(create_dashboard(settings))
     decision = {"reason": "fixes coin", "by": "ann", "expect": "verified"}
     ok = client.post("/api/skills/take-coin-first/promote", json=decision)
     assert ok.status_code == 200
@@ -191,3 +200,68 @@ def test_an_exemplar_page_lists_its_solved_tasks_linked_to_their_runs(tmp_path: 
     assert shown.count("<li>") == 2 and "act: move north → act: take coin" in shown
     assert 'href="/trajectories/t-1"' in shown and 'href="/trajectories/t-2"' in shown
     assert "&lt;b&gt;coin&lt;/b&gt;" in shown and "<b>coin</b>" not in shown  # task text is data, escaped
+
+
+def test_the_page_knows_whether_its_link_carried_the_token_but_never_shows_it(
+    client: TestClient, built: Built
+) -> None:
+    """The script keeps a `?token=` only when the server says it is this dashboard's; the
+    token itself is never written into a page (reading a page needs no token)."""
+    from ratchet.dashboard.auth import read_token
+
+    token = read_token(built.settings.data_dir)
+    bare = local_client(create_dashboard(built.settings))
+    plain = bare.get("/")
+    assert plain.status_code == 200 and "data-token-link" not in plain.text and token not in plain.text
+    right = bare.get(f"/?token={token}")
+    assert 'data-token-link="ok"' in right.text and right.text.count(token) == 0
+    wrong = bare.get("/skills/take-coin-first?token=" + "x" * 43)
+    assert 'data-token-link="wrong"' in wrong.text
+    assert '<meta name="referrer" content="same-origin">' in plain.text  # no token in a Referer
+
+
+@pytest.mark.parametrize("name", ["a" * 300, "A" * 65, "x%00y", "%ED%A0%80"])
+def test_a_name_no_skill_can_have_is_a_404_page_not_a_500(client: TestClient, name: str) -> None:
+    for path in (f"/skills/{name}", f"/api/skills/{name}"):
+        r = client.get(path)
+        assert r.status_code == 404, (path, r.status_code)
+    assert "lowercase letters, digits and hyphens" in client.get(f"/api/skills/{name}").json()["detail"]
+
+
+DAMAGED = [
+    ("summary is a list", lambda st: st[0].update(summary=[1, 2])),
+    ("generation is text", lambda st: st[0].update(generation="one")),
+    ("successes is text", lambda st: st[-1]["summary"].update(successes="five")),
+    ("ci95 is a number", lambda st: st[-1]["summary"].update(ci95=0.5)),
+    ("tokens is text", lambda st: st[0]["summary"].update(tokens="many")),
+    ("success_rate is text", lambda st: st[1]["summary"].update(success_rate="high")),
+    ("flow run ids are a list", lambda st: st[0].update(flow_run_id=["f"])),
+    ("stages is an object", None),
+]
+
+
+@pytest.mark.parametrize(("what", "damage"), DAMAGED, ids=[d[0] for d in DAMAGED])
+def test_a_journal_with_wrong_field_types_is_one_line_on_the_front_page(  # type: ignore[no-untyped-def]
+    tmp_path: Path, what: str, damage
+) -> None:
+    """The pre-flight (`Journal.load`) refuses it with one line, and the front page shows
+    that line where the generations were, with the rest of the page (skills, decisions)."""
+    from ratchet.errors import StateFileError
+    from ratchet.flows.journal import Journal
+
+    settings = build(tmp_path).settings
+    body = json.loads(settings.evolve_journal.read_text())
+    if damage is None:
+        body["stages"] = {"0": body["stages"][0]}
+    else:
+        damage(body["stages"])
+    settings.evolve_journal.write_text(json.dumps(body))
+    with pytest.raises(StateFileError) as refused:
+        Journal.load(settings)
+    assert "\n" not in str(refused.value) and "move it away" in str(refused.value)
+
+    response = local_client(create_dashboard(settings)).get("/")
+    assert response.status_code == 200
+    (line,) = re.findall(r'<p class="error" id="journal-error">(.*?)</p>', response.text, flags=re.S)
+    assert "evolution journal" in line and "move it away" in line and "\n" not in line.strip()
+    assert "take-coin-first" in response.text and 'id="why"' in response.text  # decisions still work

@@ -1,9 +1,12 @@
 """`ratchet dashboard` in a real browser (Debian's chromium, driven by Playwright): the page
-loads offline, shows the generations plot, and a person promotes a verified skill."""
+loads offline, shows the generations plot, and a person who opened the URL the command
+printed (with its `?token=`) promotes a verified skill; a tab without the token, and a page
+on another local port that knows the token, change nothing."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,8 +33,9 @@ def chromium() -> str:
 
 
 @pytest.fixture
-def dashboard(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """`ratchet dashboard` as a person starts it, on a data dir two generations old."""
+def dashboard(tmp_path: Path) -> Iterator[tuple[str, Path, str]]:
+    """`ratchet dashboard` as a person starts it, on a data dir two generations old: its
+    address, the data dir, and the URL it printed (with the token)."""
     settings = build(tmp_path / "data").settings
     port = _free_port()
     log = (tmp_path / "dashboard.log").open("w")
@@ -51,16 +55,19 @@ def dashboard(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             assert proc.poll() is None, (tmp_path / "dashboard.log").read_text()
             assert time.monotonic() < deadline, "the dashboard did not answer in 120 s"
             time.sleep(0.5)
-        yield url, settings.data_dir
+        said = (tmp_path / "dashboard.log").read_text()
+        printed = re.search(r"dashboard on (http://\S+/\?token=[\w-]+)", said)
+        assert printed, said
+        yield url, settings.data_dir, printed.group(1)
     finally:
         stop_process_group(proc)
         log.close()
 
 
-def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path]) -> None:
+def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path, str]) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    url, data_dir = dashboard
+    url, data_dir, printed = dashboard
     expect.set_options(timeout=30_000)  # a shared 2-core machine
     requested: list[str] = []
     with sync_playwright() as p:
@@ -68,7 +75,8 @@ def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path]) ->
         try:
             page = browser.new_page()
             page.on("request", lambda r: requested.append(r.url))
-            page.goto(url)
+            page.goto(printed)
+            expect(page).to_have_url(f"{url}/")  # the token left the address bar (and history)
 
             expect(page.locator("#success-plot svg")).to_be_visible()
             expect(page.locator("#generation-table tbody tr")).to_have_count(2)
@@ -89,7 +97,7 @@ def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path]) ->
 
             # another tab still shows it verified: its Reject is a conflict, not a second change
             stale = browser.new_page()
-            stale.goto(url)  # fresh: shows promoted; make it stale by hand as a slow person would be
+            stale.goto(printed)  # fresh: shows promoted; make it stale by hand as a slow person would be
             stale_row = stale.locator('tr[data-kind="skills"][data-candidate="take-coin-first"]')
             stale_row.evaluate("r => { r.dataset.status = 'verified' }")
             stale.fill("#why", "no")
@@ -121,7 +129,7 @@ def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path]) ->
     assert requested and not elsewhere, elsewhere
 
 
-def test_move_the_champion_adapter_in_the_browser(dashboard: tuple[str, Path], tmp_path: Path) -> None:
+def test_move_the_champion_adapter_in_the_browser(dashboard: tuple[str, Path, str], tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     from ratchet.config import load_settings
@@ -129,7 +137,7 @@ def test_move_the_champion_adapter_in_the_browser(dashboard: tuple[str, Path], t
     from ratchet.training.registry import AdapterRegistry
     from tests.test_adapter_registry import _passed
 
-    url, data_dir = dashboard
+    url, data_dir, printed = dashboard
     registry = AdapterRegistry(load_settings({"data_dir": data_dir, "evolution": "nightly"}))
     first, second = _passed(registry, tmp_path, 1), _passed(registry, tmp_path, 2)
     decide(registry, str(first), "promote", who="ann", why="gen 1")
@@ -138,7 +146,8 @@ def test_move_the_champion_adapter_in_the_browser(dashboard: tuple[str, Path], t
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         try:
             page = browser.new_page()
-            page.goto(url)
+            page.goto(printed)
+            page.goto(url)  # the tab keeps the token: a later visit without it still decides
             old = page.locator(f'tr[data-kind="adapters"][data-candidate="{first}"]')
             new = page.locator(f'tr[data-kind="adapters"][data-candidate="{second}"]')
             expect(old.locator("td.champion")).to_have_text("★")
@@ -158,3 +167,82 @@ def test_move_the_champion_adapter_in_the_browser(dashboard: tuple[str, Path], t
         "bob",
         "gen 2 won its gate",
     )
+
+
+EVIL = """<!doctype html><title>cat pictures</title><script>
+// A page on another local port that learnt the printed URL (history, a log, a shoulder).
+const target = "TARGET", token = "TOKEN";
+const body = JSON.stringify({reason: "pwned", by: "admin"});
+async function attack() {
+  const tries = [
+    // no preflight: text/plain, the token in the query string
+    fetch(`${target}/api/skills/take-coin-first/promote?token=${token}`, {method: "POST", mode: "no-cors",
+      headers: {"content-type": "text/plain"}, body}),
+    // the real header: the browser asks first (CORS preflight) and is never told yes
+    fetch(`${target}/api/skills/take-coin-first/promote`, {method: "POST",
+      headers: {"content-type": "application/json", authorization: `Bearer ${token}`}, body}),
+  ];
+  const out = await Promise.allSettled(tries);
+  document.title = "tried " + out.map((o) => o.status).join(",");
+  const form = document.getElementById("f");  // and a plain form post, navigating there
+  form.action = `${target}/api/skills/take-coin-first/promote?token=${token}`;
+  form.submit();
+}
+attack();
+</script>
+<form id="f" method="POST" enctype="text/plain"><input name='{"reason":"x","by":"y","z":"' value='"}'></form>
+"""
+
+
+def test_a_tab_without_the_token_and_a_foreign_page_with_it_change_nothing(
+    dashboard: tuple[str, Path, str], tmp_path: Path
+) -> None:
+    import http.server
+    import threading
+    from functools import partial
+
+    from playwright.sync_api import expect, sync_playwright
+
+    from ratchet.config import load_settings
+
+    url, data_dir, printed = dashboard
+    token = printed.rsplit("=", 1)[1]
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "index.html").write_text(EVIL.replace("TARGET", url).replace("TOKEN", token))
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "evil"))
+    evil = http.server.ThreadingHTTPServer(("127.0.0.1", _free_port()), handler)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    expect.set_options(timeout=30_000)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+            try:
+                # a tab opened without the printed URL: the buttons say how to get the token
+                bare = browser.new_page()
+                bare.goto(url)
+                row = bare.locator('tr[data-kind="skills"][data-candidate="take-coin-first"]')
+                bare.fill("#why", "no token")
+                row.locator('button[data-action="promote"]').click()
+                expect(bare.locator("#decision-message")).to_contain_text("no token")
+                # a wrong token in the link is named, and not kept
+                wrong = browser.new_page()
+                wrong.goto(f"{url}/?token={'x' * len(token)}")
+                expect(wrong.locator("#decision-message")).to_contain_text("not this dashboard's")
+                assert wrong.evaluate("localStorage.getItem('ratchet.token')") is None
+                # a browser that holds the token for the dashboard's origin visits the foreign
+                # page: its fetches and its form post (token in the URL) change nothing
+                context = browser.new_context()
+                mine = context.new_page()
+                mine.goto(printed)
+                assert mine.evaluate("localStorage.getItem('ratchet.token')") == token
+                foreign = context.new_page()
+                foreign.goto(f"http://127.0.0.1:{evil.server_address[1]}/index.html")
+                foreign.wait_for_url(f"{url}/api/**")  # the form post landed, and was refused
+                assert "refused" in foreign.content()
+            finally:
+                browser.close()
+    finally:
+        evil.shutdown()
+    library = open_library(load_settings({"data_dir": data_dir, "evolution": "nightly"}))
+    assert library.get("take-coin-first").status == "verified"
+    assert [r.to_status for r in library.history("take-coin-first")] == ["candidate", "verified"]

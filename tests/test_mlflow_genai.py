@@ -258,6 +258,7 @@ def test_the_mirror_agrees_after_promote_retire_and_rollback(tmp_path: Path) -> 
     add_verified(library, "sum-left", "Add left to right.")
     add_verified(library, "sum-twice", "Check the sum twice.")
     client = local_client(create_dashboard(settings, library))
+    client.headers["Authorization"] = f"Bearer {client.app.state.token}"  # as the dashboard page sends it
 
     def decide(name: str, action: str, expect: str) -> None:
         r = client.post(
@@ -321,6 +322,7 @@ def test_a_mirror_failure_is_a_warning_never_a_failed_decision(
 
     monkeypatch.setattr(mlflow, "create_external_model", down)
     client = local_client(create_dashboard(settings, library))
+    client.headers["Authorization"] = f"Bearer {client.app.state.token}"  # as the dashboard page sends it
     with caplog.at_level(logging.WARNING):
         r = client.post(
             "/api/skills/sum-left/promote", json={"reason": "ok", "by": "ann", "expect": "verified"}

@@ -3,7 +3,15 @@
 // with `expect` set to the status this page shows, so a decision someone else made meanwhile
 // comes back as 409, not a double change. A row says what it decides on: data-kind (skills or
 // adapters) and data-candidate (the name or version).
+//
+// A change needs the data dir's token (dashboard/auth.py says why this way): `ratchet dashboard`
+// prints the URL with `?token=…`; when the server says it is the right one (data-token-link on
+// <body>), this origin's localStorage keeps it, the address bar loses it, and every decision
+// sends it as `Authorization: Bearer`. The browser never sends it by itself.
 "use strict";
+
+const TOKEN_KEY = "ratchet.token";
+const OPEN_URL = "open the URL `ratchet dashboard` printed (…/?token=…)";
 
 const ACTIONS = JSON.parse(document.getElementById("actions")?.textContent || "{}");
 const who = document.getElementById("who");
@@ -13,8 +21,19 @@ const message = document.getElementById("decision-message");
 if (who && localStorage.getItem("ratchet.who")) who.value = localStorage.getItem("ratchet.who");
 
 function say(text, isError) {
+  if (!message) return;
   message.textContent = text;
   message.className = isError ? "error" : "ok";
+}
+
+const link = new URL(location.href);
+if (link.searchParams.has("token")) {
+  if (document.body.dataset.tokenLink === "ok") localStorage.setItem(TOKEN_KEY, link.searchParams.get("token"));
+  link.searchParams.delete("token");
+  history.replaceState(history.state, "", link.pathname + link.search + link.hash);
+}
+if (document.body.dataset.tokenLink === "wrong") {
+  say(`The token in that link is not this dashboard's: ${OPEN_URL}`, true);
 }
 
 function showStatus(row, status) {
@@ -59,12 +78,17 @@ async function decide(row, action) {
     who.focus();
     return;
   }
+  const token = localStorage.getItem(TOKEN_KEY);
+  if (!token) {
+    say(`${name}: this tab has no token for deciding: ${OPEN_URL}`, true);
+    return;
+  }
   localStorage.setItem("ratchet.who", who.value.trim());
   row.querySelectorAll("button").forEach((b) => (b.disabled = true));
   try {
     const response = await fetch(`${url}/${action}`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: { "content-type": "application/json", authorization: `Bearer ${token}` },
       body: JSON.stringify({ reason: why.value.trim(), by: who.value.trim(), expect: seen }),
     });
     const body = await response.json();
