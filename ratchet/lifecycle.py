@@ -328,11 +328,7 @@ class Lifecycle:
         promote what someone else rejected a moment ago. The record is on disk on return."""
         check_input(name, who, why, self.what)
         with self.locked():
-            last = self.last().get(name)
-            if last is None:
-                raise self.error(
-                    f"no {self.what} named {name!r}", f"see `{self.listing}`" if self.listing else ""
-                )
+            last = self._latest(name)
             now = last.to_status
             if expect is not None and now != expect:
                 raise self.error(
@@ -354,6 +350,15 @@ class Lifecycle:
             self._append(record)
         return record
 
+    def _latest(self, name: str) -> Record:
+        """The last record of `name` (call under the lock), or one line: there is none."""
+        last = self.last().get(name)
+        if last is None:
+            raise self.error(
+                f"no {self.what} named {name!r}", f"see `{self.listing}`" if self.listing else ""
+            )
+        return last
+
     def amend(
         self, name: str, who: str, why: str, content_hash: str, evidence: dict[str, Any] | None = None
     ) -> Record:
@@ -361,11 +366,7 @@ class Lifecycle:
         provenance into it): a record whose from_status and to_status are both its status."""
         check_input(name, who, why, self.what)
         with self.locked():
-            last = self.last().get(name)
-            if last is None:
-                raise self.error(
-                    f"no {self.what} named {name!r}", f"see `{self.listing}`" if self.listing else ""
-                )
+            last = self._latest(name)
             record = Record(
                 name=name,
                 from_status=last.to_status,
