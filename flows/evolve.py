@@ -32,18 +32,19 @@ from ratchet.flows.progress import StageEvent, report_stage
 from ratchet.flows.runtime import model_endpoint, preflight
 
 
-def run_stage(settings: Settings, name: str, generation: int, url: str) -> tuple[Any, str]:
+def run_stage(settings: Settings, name: str, generation: int, url: str) -> tuple[Any, dict[str, Any], str]:
     """One stage as a subflow on the task runner the settings choose: its result (a failed
-    stage raises, as a plain call would) and its Prefect flow run id. Whoever listens
-    (`ratchet.flows.progress`) hears it start and finish."""
+    stage raises, as a plain call would), its journal summary and its Prefect flow run id.
+    Whoever listens (`ratchet.flows.progress`) hears it start and finish."""
     flow_obj = stage_flow(name)
     stage = flow_obj.with_options(task_runner=task_runner(settings, flow_obj.name))
     report_stage(StageEvent(generation, name, "started"))
     started = time.perf_counter()
     state = stage(settings=settings, generation=generation, base_url=url, return_state=True)
     out = state.result()
-    report_stage(StageEvent(generation, name, "finished", stage_summary(out), time.perf_counter() - started))
-    return out, str(state.state_details.flow_run_id or "")
+    summary = stage_summary(out)
+    report_stage(StageEvent(generation, name, "finished", summary, time.perf_counter() - started))
+    return out, summary, str(state.state_details.flow_run_id or "")
 
 
 def check_settings(settings: Settings) -> None:
@@ -74,9 +75,9 @@ def evolve_flow(
                     continue
                 faults.point("stage.started")
                 started = time.perf_counter()
-                out, run_id = run_stage(settings, name, generation, url)
+                _, summary, run_id = run_stage(settings, name, generation, url)
                 faults.point("stage.finished")
-                journal.record(generation, name, stage_summary(out), time.perf_counter() - started, run_id)
+                journal.record(generation, name, summary, time.perf_counter() - started, run_id)
                 if name == "evaluate":
                     points = [
                         (r.generation, r.test_success, *r.test_ci95) for r in journal.rows() if r.test_n
@@ -106,5 +107,5 @@ def generation_flow(
     with model_endpoint(settings, base_url) as url:
         for name in STAGE_NAMES:
             if name in stages:
-                results[name], _ = run_stage(settings, name, generation, url)
+                results[name], _, _ = run_stage(settings, name, generation, url)
     return GenerationResult(generation, tracking.generation_run_id(settings, generation), results)
