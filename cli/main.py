@@ -258,8 +258,12 @@ def evolve(
 
 @app.command()
 def deploy(
-    cron: Annotated[str, typer.Option(help="evolve's schedule (cron, UTC)")] = "0 2 * * *",
-    timezone: Annotated[str, typer.Option(help="the schedule's time zone")] = "UTC",
+    cron: Annotated[
+        str | None, typer.Option(help="evolve's schedule (cron; default: deployments/prefect.yaml's)")
+    ] = None,
+    timezone: Annotated[
+        str | None, typer.Option(help="the schedule's time zone (default: the file's)")
+    ] = None,
 ) -> None:
     """Register the `evolve` (nightly) and `promote` deployments with a Prefect server and serve them."""
     with guard():
@@ -268,12 +272,16 @@ def deploy(
         from ratchet.flows.runtime import preflight
 
         url = prefect_server_url("PREFECT_API_URL is not set: deployments live on a Prefect server")
-        from ratchet.flows.schedule import serve_deployments
+        from ratchet.flows.schedule import declared, serve_deployments
 
         preflight(settings)
+        names = []
+        for d in declared():
+            when = f" ({cron or d.cron} {timezone or d.timezone})" if d.cron else ""
+            names.append(f"{d.flow().name}/{d.name}{when}")
         config = GLOBAL.get("config") or (Path("ratchet.toml") if Path("ratchet.toml").is_file() else None)
         console.print(
-            f"serving deployments evolve/nightly ({cron} {timezone}) and promote/promote on {url}; "
+            f"serving deployments {' and '.join(names)} on {url}; "
             "Ctrl-C stops serving (the schedule stays on the server)",
             soft_wrap=True,
         )

@@ -56,7 +56,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
 from ratchet.errors import CandidateStateError, RatchetError, StateFileError
 from ratchet.files import append_line, exclusive, read_jsonl_numbered
@@ -155,22 +155,6 @@ class Record(BaseModel):
     def is_amendment(self) -> bool:
         """A record that re-pins the content hash and leaves the status where it was."""
         return self.from_status == self.to_status
-
-    @model_validator(mode="before")
-    @classmethod
-    def _earlier_layouts(cls, data: Any) -> Any:
-        """Read logs written before the kinds shared one store: skill records named the
-        candidate `skill`; adapter records said `version`, `from` ("" when filed) and `to`."""
-        if not isinstance(data, dict) or "name" in data:
-            return data
-        data = dict(data)
-        if "skill" in data:
-            data["name"] = data.pop("skill")
-        elif "version" in data:
-            data["name"] = str(data.pop("version"))
-            data["from_status"] = data.pop("from", None) or None
-            data["to_status"] = data.pop("to")
-        return data
 
 
 def latest_evidence(records: Iterable[Record]) -> dict[str, dict[str, Any]]:

@@ -38,7 +38,6 @@ skill stays rejected.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -433,7 +432,3 @@ def _acts_alike(a: Skill, b: Skill) -> bool:
 
 def _union(a: list[str], b: list[str]) -> list[str]:
     return list(dict.fromkeys([*a, *b]))
-
-
-def dump_audit(records: list[Record]) -> str:
-    return json.dumps([r.model_dump(mode="json") for r in records], indent=2)

@@ -112,3 +112,21 @@ def test_prefect_yaml_deploys_to_a_work_pool(prefect_server: dict[str, str], tmp
     assert nightly["parameters"] == {"config": str(tmp_path / "ratchet.toml")}
     promote = httpx.get(f"{api}/deployments/name/promote/promote", timeout=5).json()
     assert promote["entrypoint"] == "flows/promote.py:promote_flow" and not promote["schedules"]
+
+
+def test_the_deployments_are_declared_once_in_prefect_yaml() -> None:
+    """`ratchet deploy` builds what deployments/prefect.yaml declares: the same names,
+    entrypoints and schedule; a --cron replaces only the schedule."""
+    import yaml
+
+    from ratchet.flows.schedule import build
+
+    spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
+    built = build(None, {})
+    assert [d.name for d in built] == [d["name"] for d in spec] == ["nightly", "promote"]
+    assert [d.entrypoint.split(":")[-1] for d in built] == [d["entrypoint"].split(":")[-1] for d in spec]
+    nightly, promote = built
+    assert nightly.schedules[0].schedule.cron == spec[0]["schedules"][0]["cron"]
+    assert not promote.schedules and promote.flow_name == "promote"
+    (other,) = build(None, {}, cron="5 4 * * *")[0].schedules
+    assert other.schedule.cron == "5 4 * * *"

@@ -141,17 +141,14 @@ def test_latest_evidence_is_the_gates_not_a_persons(store: Lifecycle) -> None:
     assert latest_evidence(store.records()) == {"x": {"decision": "accept", "p_value": 0.01}}
 
 
-def test_logs_written_before_the_kinds_shared_a_store_read_as_records(tmp_path: Path) -> None:
-    skill = {"skill": "s", "from_status": None, "to_status": "candidate", "who": "d", "why": "w",
-             "at": "2026-01-01T00:00:00Z", "content_hash": "h", "evidence": {}}  # fmt: skip
-    adapter = {"version": 3, "from": "", "to": "candidate", "who": "t", "why": "trained",
-               "at": "2026-01-01T00:00:00+00:00", "evidence": {}}  # fmt: skip
-    (tmp_path / AUDIT).write_text(json.dumps(skill) + "\n" + json.dumps(adapter) + "\n")
-    records = Lifecycle(tmp_path, "thing").records()
-    assert [(r.name, r.from_status, r.to_status) for r in records] == [
-        ("s", None, "candidate"),
-        ("3", None, "candidate"),
-    ]
+def test_a_line_in_a_layout_ratchet_never_writes_is_one_clear_error(tmp_path: Path) -> None:
+    """A record without `name` (e.g. a hand-written `skill`/`version` line) is refused with the
+    file and line, never read as some other candidate."""
+    line = {"skill": "s", "from_status": None, "to_status": "candidate", "who": "d", "why": "w"}
+    (tmp_path / AUDIT).write_text(json.dumps(line) + "\n")
+    with pytest.raises(StateFileError) as err:
+        Lifecycle(tmp_path, "thing").records()
+    assert str(tmp_path / AUDIT) in str(err.value) and "line 1" in str(err.value)
 
 
 def test_a_damaged_log_is_refused_not_appended_to(store: Lifecycle) -> None:
