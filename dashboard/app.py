@@ -14,6 +14,8 @@ tab was opened with (`?token=`, see `dashboard.auth`).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import getpass
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,7 @@ def create_dashboard(settings: Settings, library: SkillLibrary | None = None) ->
             generations, journal_error = [], one_line(str(exc))
         rows = [g.row for g in generations]
         skills, skill_errors = data.skills()
+        live = Counter(v.skill.kind for v in skills if v.skill.status == "promoted")
         return page(
             request,
             "overview.html",
@@ -88,6 +91,7 @@ def create_dashboard(settings: Settings, library: SkillLibrary | None = None) ->
             success_svg=success_svg(rows),
             cost_svg=cost_svg(rows),
             policy=champion_policy(s, lib),
+            live=sorted(live.items()),
             champion_history=data.champion_history(s),
             agent_urls=data.agent_urls(s),
             adapters=data.adapters(s),

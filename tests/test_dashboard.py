@@ -117,10 +117,15 @@ def test_a_decision_shows_up_in_the_champion_history(tmp_path: Path) -> None:
     settings = build(tmp_path).settings
     client = authorized(create_dashboard(settings))
     decision = {"reason": "fixes coin", "by": "ann", "expect": "verified"}
+    before = client.get("/").text
     ok = client.post("/api/skills/take-coin-first/promote", json=decision)
     assert ok.status_code == 200
+    live = re.compile(r'<span id="live">(.*?)</span>')
+    assert live.findall(before) == ["live: no promoted candidates"]
     history = rows_of(client.get("/").text, "champion-history")
     assert len(history) == 1 and "verified → promoted" in history[0] and "ann" in history[0]
+    # what is live, counted by kind (a promoted rule or tool is live as much as a procedure)
+    assert live.findall(client.get("/").text) == ["live: 1 procedure"]
     row = next(r for r in rows_of(client.get("/").text, "skill-table") if "take-coin-first" in r)
     assert re.findall(r'data-action="(\w+)"', row) == ["retire"]
 
