@@ -109,18 +109,3 @@ def adapters_rollback(
                 raise AdapterStateError("there is no champion adapter to roll back", "nothing to do")
             version = champion.version
         change("adapter", str(version), "rollback", reason, by)
-
-
-def print_finetune(result: Any) -> None:
-    console.print(f"[bold]finetune[/]: {result.action} · {escape(result.reason)}")
-    c = result.counts
-    console.print(
-        f"data {result.dataset}: {c.get('examples', 0)} examples from {c.get('trajectories', 0)} "
-        f"successes on {c.get('tasks', 0)} tasks ({c.get('successes', 0)} successes seen)"
-    )
-    if result.export_path:
-        console.print(f"exported (OpenAI fine-tuning JSONL): {result.export_path}")
-    if result.version is not None:
-        console.print(
-            f"adapter v{result.version}: {result.status} · `ratchet adapters show {result.version}`"
-        )

@@ -17,8 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ratchet.cli.adapters import adapters_app, print_finetune
-from ratchet.cli.baselines import bar_line
+from ratchet.cli.adapters import adapters_app
 from ratchet.cli.common import (
     GLOBAL,
     ConfigOpt,
@@ -35,7 +34,6 @@ from ratchet.cli.library import failures, skills_app, tools_app
 from ratchet.cli.suites import suites_app
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, RatchetError
-from ratchet.flows.loop import STAGES
 
 app = typer.Typer(
     help="Make LLM agents improve themselves from their own trajectories.",
@@ -133,6 +131,14 @@ def _launch(target: str, settings: Settings, generation: int, gate: bool = False
         return run_flow(flow_obj, settings, generation=generation, **params)
 
 
+def _one_stage(name: str, settings: Settings, generation: int) -> None:
+    """`ratchet <stage>`: one stage of the loop (`ratchet.flows.loop.LOOP`), then what it found."""
+    from ratchet.flows.loop import stage
+
+    s = stage(name)
+    _launch(s.flow_path, settings, generation, gate=s.gated).render(console, settings)
+
+
 # ------------------------------------------------------------------------------------ commands
 @app.command()
 def serve(
@@ -163,8 +169,7 @@ def explore(
     """Explore: k rollouts per train task, stored as trajectories (rerun = resume)."""
     with guard():
         settings = load(**{"splits.train": train, "explore.rollouts_per_task": k})
-        result = _launch(STAGES["explore"], settings, generation)
-        _print_stages(settings, [result])
+        _one_stage("explore", settings, generation)
 
 
 @app.command()
@@ -175,8 +180,7 @@ def evaluate(
     """Evaluate the policy on the held-out test split (fixed seeds)."""
     with guard():
         settings = load(**{"splits.test": test})
-        result = _launch(STAGES["evaluate"], settings, generation)
-        _print_stages(settings, [result])
+        _one_stage("evaluate", settings, generation)
 
 
 @app.command()
@@ -184,8 +188,7 @@ def diagnose(generation: GenOpt = 0) -> None:
     """Diagnose every failed train rollout of a generation and cluster the failures (rerun = resume)."""
     with guard():
         settings = load()
-        result = _launch(STAGES["diagnose"], settings, generation)
-        _print_diagnose(result)
+        _one_stage("diagnose", settings, generation)
 
 
 @app.command()
@@ -193,8 +196,7 @@ def distill(generation: GenOpt = 0) -> None:
     """Distill skill, guardrail and tool candidates from a generation (after `diagnose`)."""
     with guard():
         settings = load()
-        result = _launch(STAGES["distill"], settings, generation)
-        _print_distill(result)
+        _one_stage("distill", settings, generation)
 
 
 app.command()(failures)
@@ -208,8 +210,7 @@ def verify(
     """A/B-test every candidate against the champion on dev tasks; file verified or rejected."""
     with guard():
         settings = load(**{"splits.dev": dev})
-        result = _launch(STAGES["verify"], settings, generation, gate=True)
-        _print_verify(result)
+        _one_stage("verify", settings, generation)
 
 
 @app.command()
@@ -220,7 +221,7 @@ def finetune(
     """Train a LoRA adapter on clean successes, gate it against the champion, promote if it wins."""
     with guard():
         settings = load(**{"splits.dev": dev})
-        print_finetune(_launch(STAGES["finetune"], settings, generation, gate=True))
+        _one_stage("finetune", settings, generation)
 
 
 @app.command()
@@ -304,27 +305,18 @@ def run(
 ) -> None:
     """Run stages of one generation (default explore, diagnose, distill, evaluate); print a summary."""
     with guard():
-        from ratchet.flows.loop import GATED_STAGES, RUN_STAGES, STAGE_NAMES
+        from ratchet.flows.loop import gated, run_stages, stage_names
+        from ratchet.flows.stage import render_outcomes
 
-        stages = tuple(stage or RUN_STAGES)
-        unknown = [s for s in stages if s not in STAGE_NAMES]
+        stages = tuple(stage or run_stages())
+        unknown = [s for s in stages if s not in stage_names()]
         if unknown:
-            raise ConfigError(f"unknown stage {unknown[0]!r}", f"choose from {', '.join(STAGE_NAMES)}")
+            raise ConfigError(f"unknown stage {unknown[0]!r}", f"choose from {', '.join(stage_names())}")
         settings = load(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
-        gate = bool(set(stages) & set(GATED_STAGES))
-        result = _launch("ratchet.flows.evolve:generation_flow", settings, generation, gate, stages=stages)
-        out = result.stages
-        if "diagnose" in out:
-            _print_diagnose(out["diagnose"])
-        if "distill" in out:
-            _print_distill(out["distill"])
-        if "verify" in out:
-            _print_verify(out["verify"])
-        if "finetune" in out:
-            print_finetune(out["finetune"])
-        rollouts = [out[s] for s in ("explore", "evaluate") if s in out]
-        if rollouts:
-            _print_stages(settings, rollouts, run_id=result.run_id)
+        result = _launch(
+            "ratchet.flows.evolve:generation_flow", settings, generation, gated(stages), stages=stages
+        )
+        render_outcomes(list(result.stages.values()), console, settings, run_id=result.run_id)
 
 
 @app.command()
@@ -508,99 +500,6 @@ def trajectories_export(
             path, evolution=settings.evolution, generation=generation, split=split
         )
         console.print(f"wrote {n} trajectories to {path}")
-
-
-# ------------------------------------------------------------------------------------ output
-def _print_stages(settings: Settings, results: list[Any], run_id: str | None = None) -> None:
-    table = Table(
-        "stage",
-        "split",
-        "tasks",
-        "runs",
-        "success [95% CI]",
-        "steps",
-        "tokens",
-        "err",
-        "wall",
-        title=f"evolution {settings.evolution} · {settings.suite}",
-    )
-    for r in results:
-        rep = r.report
-        lo, hi = rep.ci95
-        table.add_row(
-            r.stage,
-            rep.split,
-            str(len(rep.by_task)),
-            str(rep.n),
-            f"{rep.success_rate:.0%} [{lo:.0%}–{hi:.0%}]",
-            f"{rep.mean_steps:.1f}",
-            f"{(rep.prompt_tokens + rep.completion_tokens) / 1000:.0f}k",
-            str(rep.errors),
-            f"{r.wall_seconds:.0f}s",
-        )
-    console.print(table)
-    for r in results:
-        if r.baselines is not None:
-            console.print(bar_line(r.baselines, r.vs_random), soft_wrap=True)
-    policy = results[0].policy_version if results else "?"
-    console.print(
-        f"policy {policy} · trajectories in {settings.trajectories_db}"
-        + (f" · MLflow run {run_id}" if run_id else ""),
-        soft_wrap=True,
-    )
-    console.print(f"browse: mlflow ui --backend-store-uri {settings.mlflow_uri}", soft_wrap=True)
-
-
-def _print_diagnose(result: Any) -> None:
-    modes = ", ".join(f"{m} {n}" for m, n in sorted(result.by_mode.items(), key=lambda kv: -kv[1]))
-    big = [c for c in result.clusters if c.size > 1]
-    console.print(
-        f"diagnosed {result.failures} failures ({result.diagnosed} new): {modes or 'none'}; "
-        f"{len(result.clusters)} clusters, {len(big)} with 2+ members · see `ratchet failures`",
-        soft_wrap=True,
-    )
-    if result.discarded:  # a judge that writes '...' shows here, not as empty causes
-        why = ", ".join(f"{n} {reason}" for reason, n in sorted(result.discarded.items()))
-        console.print(f"judge answers discarded: {result.judge_discarded} ({why})", soft_wrap=True)
-
-
-def _print_distill(result: Any) -> None:
-    table = Table("candidate", "kind", "family", "filed", "from", title="distilled candidates")
-    for c in result.candidates:
-        filed = "new" if c.result.action == "added" else f"merged ({c.result.into_status})"
-        table.add_row(c.result.name, c.skill.kind, c.skill.family, filed, f"{len(c.skill.provenance)} traj")
-    console.print(table)
-    for d in result.dropped:
-        console.print(f"[dim]dropped {d['job']}: {'; '.join(d['problems'])[:160]}[/]", highlight=False)
-
-
-def _print_verify(result: Any) -> None:
-    table = Table(
-        "candidate",
-        "kind",
-        "status",
-        "repairs",
-        "regressions",
-        "tasks",
-        "p",
-        "reason",
-        title=f"verify against champion {result.champion}",
-    )
-    for v in result.verdicts:
-        d = v.decision
-        row = [
-            v.skill,
-            v.kind,
-            v.status,
-            str(d.repairs),
-            str(d.regressions),
-            str(d.tasks),
-            f"{d.p_value:.3g}",
-        ]
-        table.add_row(*row, d.reason)
-    console.print(table)
-    if result.skipped:
-        console.print(f"[dim]not tested (no dev tasks in this suite): {', '.join(result.skipped)}[/]")
 
 
 def main() -> None:

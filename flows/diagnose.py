@@ -16,6 +16,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 from prefect import flow, task
@@ -26,12 +27,15 @@ from ratchet.agents.diagnoser import build_diagnoser, judged
 from ratchet.config import Settings
 from ratchet.diagnosis.clusters import FailureCluster, cluster_diagnoses
 from ratchet.diagnosis.keys import failure_keys
-from ratchet.flows import tracking
+from ratchet.flows import display, tracking
 from ratchet.flows.progress import report
 from ratchet.flows.rollouts import MODEL_CALL
 from ratchet.flows.runtime import LoopRuntime, open_runtime
 from ratchet.memory.vector_index import VectorIndex
 from ratchet.types import FAILURE_MODES, Diagnosis, Trajectory
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @dataclass
@@ -47,6 +51,20 @@ class DiagnoseResult:
     @property
     def judge_discarded(self) -> int:
         return sum(self.discarded.values())
+
+    def summary(self) -> dict[str, Any]:
+        """The journal's record of the stage (`ratchet.flows.stage.StageOutcome`)."""
+        return {
+            "failures": self.failures,
+            "diagnosed": self.diagnosed,
+            "by_mode": self.by_mode,
+            "clusters": len(self.clusters),
+            "judge_discarded": self.judge_discarded,
+            "judge_discarded_by": self.discarded,
+        }
+
+    def render(self, console: Console, settings: Settings, run_id: str | None = None) -> None:
+        display.diagnose(console, self)
 
 
 @task(name="diagnose", task_run_name="diagnose {failure.task_id} #{failure.rollout}", **MODEL_CALL)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import mlflow
 from prefect import flow, task
@@ -50,6 +50,9 @@ from ratchet.skills.rule_mining import MinedRule, mine_rules, raw_observation
 from ratchet.skills.screen import Screen
 from ratchet.types import Diagnosis, Trajectory, family_of
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 
 @dataclass
 class Candidate:
@@ -69,6 +72,18 @@ class DistillResult:
             "distill_merged": sum(c.result.action == "merged" for c in self.candidates),
             "distill_dropped": len(self.dropped),
         }
+
+    def summary(self) -> dict[str, Any]:
+        """The journal's record of the stage (`ratchet.flows.stage.StageOutcome`)."""
+        added = [c.skill.name for c in self.candidates if c.result.action == "added"]
+        # why each refused draft was refused, kept where a reader of the journal finds it
+        dropped = [{"job": d["job"], "problems": [p[:200] for p in d["problems"][:3]]} for d in self.dropped]
+        return {"added": len(added), "names": added, **self.counts(), "dropped": dropped}
+
+    def render(self, console: Console, settings: Settings, run_id: str | None = None) -> None:
+        from ratchet.flows import display
+
+        display.distill(console, self)
 
 
 @task(name="distill-job", task_run_name="{label}", **MODEL_CALL)

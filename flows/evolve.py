@@ -24,10 +24,9 @@ from prefect import flow
 
 from ratchet import faults
 from ratchet.config import Settings, settings_from
-from ratchet.flows import tracking
-from ratchet.flows.journal import Journal, stage_summary
+from ratchet.flows import loop, tracking
+from ratchet.flows.journal import Journal
 from ratchet.flows.launch import task_runner
-from ratchet.flows.loop import GATED_STAGES, RUN_STAGES, STAGE_NAMES, stage_flow, stages_of
 from ratchet.flows.progress import StageEvent, report_stage
 from ratchet.flows.runtime import model_endpoint, preflight
 
@@ -36,13 +35,13 @@ def run_stage(settings: Settings, name: str, generation: int, url: str) -> tuple
     """One stage as a subflow on the task runner the settings choose: its result (a failed
     stage raises, as a plain call would), its journal summary and its Prefect flow run id.
     Whoever listens (`ratchet.flows.progress`) hears it start and finish."""
-    flow_obj = stage_flow(name)
+    flow_obj = loop.stage_flow(name)
     stage = flow_obj.with_options(task_runner=task_runner(settings, flow_obj.name))
     report_stage(StageEvent(generation, name, "started"))
     started = time.perf_counter()
     state = stage(settings=settings, generation=generation, base_url=url, return_state=True)
     out = state.result()
-    summary = stage_summary(out)
+    summary = out.summary()
     report_stage(StageEvent(generation, name, "finished", summary, time.perf_counter() - started))
     return out, summary, str(state.state_details.flow_run_id or "")
 
@@ -70,7 +69,7 @@ def evolve_flow(
     journal = Journal.load(settings)
     with model_endpoint(settings, base_url) as url:
         for generation in range(last + 1):
-            for name in stages_of(generation):
+            for name in loop.stages_of(generation):
                 if journal.done(generation, name):
                     continue
                 faults.point("stage.started")
@@ -95,17 +94,23 @@ class GenerationResult:
 
 @flow(name="generation", validate_parameters=False)
 def generation_flow(
-    settings: Settings, generation: int = 0, base_url: str | None = None, stages: Sequence[str] = RUN_STAGES
+    settings: Settings,
+    generation: int = 0,
+    base_url: str | None = None,
+    stages: Sequence[str] | None = None,
 ) -> GenerationResult:
-    """`stages` of one generation, in the loop's order, without the journal (`ratchet run`):
-    every stage resumes from the stores on its own, so a rerun redoes only what is missing."""
-    unknown = sorted(set(stages) - set(STAGE_NAMES))
+    """`stages` of one generation (default: the loop's `in_run` stages), in the loop's order,
+    without the journal (`ratchet run`): every stage resumes from the stores on its own, so a
+    rerun redoes only what is missing."""
+    stages = loop.run_stages() if stages is None else tuple(stages)
+    names = loop.stage_names()
+    unknown = sorted(set(stages) - set(names))
     if unknown:
-        raise ValueError(f"unknown stages {unknown}; the loop's stages are {list(STAGE_NAMES)}")
-    preflight(settings, gate=bool(set(stages) & set(GATED_STAGES)))
+        raise ValueError(f"unknown stages {unknown}; the loop's stages are {list(names)}")
+    preflight(settings, gate=loop.gated(stages))
     results = {}
     with model_endpoint(settings, base_url) as url:
-        for name in STAGE_NAMES:
+        for name in names:
             if name in stages:
                 results[name], _, _ = run_stage(settings, name, generation, url)
     return GenerationResult(generation, tracking.generation_run_id(settings, generation), results)

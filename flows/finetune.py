@@ -30,7 +30,7 @@ import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import mlflow
 from prefect import flow
@@ -50,6 +50,9 @@ from ratchet.training.dataset import Dataset, build_dataset, new_paths
 from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
 from ratchet.types import Policy, Task, Trajectory
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 Action = Literal["skipped", "exported", "trained", "reused"]
 
 
@@ -64,6 +67,21 @@ class FinetuneResult:
     decision: GateDecision | None = None
     export_path: str | None = None
     train_seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The journal's record of the stage (`ratchet.flows.stage.StageOutcome`)."""
+        return {
+            "action": self.action,
+            "reason": self.reason,
+            "version": self.version,
+            "status": self.status,
+            "dataset": self.dataset,
+        }
+
+    def render(self, console: Console, settings: Settings, run_id: str | None = None) -> None:
+        from ratchet.flows import display
+
+        display.finetune(console, self)
 
 
 def finetune_mode(s: Settings) -> Literal["lora", "export", "off"]:

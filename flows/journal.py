@@ -3,6 +3,10 @@
 One JSON file per evolution (`Settings.evolve_journal`), rewritten atomically after every
 stage, so a kill leaves either the old journal or the new one, never half of one. `evolve`
 reads it to resume; the CLI table and the dashboard read it to show generations.
+
+A stage's record holds its outcome's `summary()` (`ratchet.flows.stage.StageOutcome`); what
+that summary adds to its generation's row is the stage's `fill` (`ratchet.flows.loop.LOOP`).
+Reading a journal imports no Prefect: the pre-flight reads it before anything starts.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from ratchet.agents.baselines import beats_random
 from ratchet.config import Settings
 from ratchet.errors import StateFileError
 from ratchet.files import write_text_atomic
+from ratchet.flows import loop
+from ratchet.flows.stage import no_fill
 
 
 @dataclass
@@ -107,6 +113,7 @@ class Journal:
     def rows(self) -> list[GenerationRow]:
         """One row per generation, its fields checked against their types (a ValueError)."""
         rows: dict[int, GenerationRow] = {}
+        fills = {s.name: s.fill for s in loop.LOOP}  # a stage no longer in the loop adds its time only
         for r in self.records:
             row = rows.setdefault(r.generation, GenerationRow(r.generation))
             row.stages.append(r.stage)
@@ -114,7 +121,7 @@ class Journal:
             row.tokens += r.summary.get("tokens", 0)
             if r.flow_run_id:
                 row.flow_runs[r.stage] = r.flow_run_id
-            _fill(row, r.stage, r.summary)
+            fills.get(r.stage, no_fill)(row, r.summary)
         return [_ROW.validate_python(asdict(rows[g])) for g in sorted(rows)]
 
 
@@ -131,81 +138,3 @@ def _why(exc: Exception) -> str:
         first = exc.errors()[0]
         return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
     return f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError | AttributeError) else str(exc)
-
-
-def _fill(row: GenerationRow, stage: str, s: dict[str, Any]) -> None:
-    if stage == "evaluate":
-        row.test_successes, row.test_n = s["successes"], s["n"]
-        row.test_ci95 = tuple(s["ci95"])  # type: ignore[assignment]
-        row.policy_version = s["policy_version"]
-        base = s.get("baselines") or {}  # absent in journals written before baselines were kept
-        if base.get("random"):
-            row.random_success = base["random"]["rate"]
-            row.random_ci95 = tuple(base["random"]["ci95"])  # type: ignore[assignment]
-        if base.get("gold"):
-            row.gold_success = base["gold"]["rate"]
-        if s.get("vs_random"):
-            row.vs_random_p = s["vs_random"]["p_value"]
-    elif stage == "explore":
-        row.explore_success = s["success_rate"]
-        row.explore_ci95 = tuple(s["ci95"])  # type: ignore[assignment]
-    elif stage == "verify":
-        row.candidates = s["verify_candidates"]
-        row.promoted += s["promoted"]
-        row.rejected += len(s["rejected"])
-    elif stage == "finetune":
-        row.adapter = s["action"] if s.get("version") is None else f"v{s['version']} {s['status']}"
-        if s.get("status") == "promoted":
-            row.promoted.append(f"adapter v{s['version']}")
-
-
-def stage_summary(out: Any) -> dict[str, Any]:
-    """A stage's result as plain JSON: what the table, the dashboard and a person need."""
-    # the stages' modules import Prefect: reading a journal (a preflight check) must not
-    from ratchet.flows.diagnose import DiagnoseResult
-    from ratchet.flows.distill import DistillResult
-    from ratchet.flows.finetune import FinetuneResult
-    from ratchet.flows.rollouts import StageResult
-    from ratchet.flows.verify import VerifyResult
-
-    if isinstance(out, StageResult):
-        r = out.report
-        return {
-            "n": r.n,
-            "successes": r.successes,
-            "success_rate": r.success_rate,
-            "ci95": list(r.ci95),
-            "errors": r.errors,
-            "tokens": r.prompt_tokens + r.completion_tokens,
-            "policy_version": out.policy_version,
-            **({"baselines": out.baselines.summary()} if out.baselines else {}),
-            **({"vs_random": asdict(out.vs_random)} if out.vs_random else {}),
-        }
-    if isinstance(out, DiagnoseResult):
-        return {
-            "failures": out.failures,
-            "diagnosed": out.diagnosed,
-            "by_mode": out.by_mode,
-            "clusters": len(out.clusters),
-            "judge_discarded": out.judge_discarded,
-            "judge_discarded_by": out.discarded,
-        }
-    if isinstance(out, DistillResult):
-        added = [c.skill.name for c in out.candidates if c.result.action == "added"]
-        # why each refused draft was refused, kept where a reader of the journal finds it
-        dropped = [{"job": d["job"], "problems": [p[:200] for p in d["problems"][:3]]} for d in out.dropped]
-        return {"added": len(added), "names": added, **out.counts(), "dropped": dropped}
-    if isinstance(out, VerifyResult):
-        by: dict[str, list[str]] = {"verified": [], "promoted": [], "rejected": []}
-        for v in out.verdicts:
-            by.setdefault(v.status, []).append(v.skill)
-        return {"champion": out.champion, **by, **out.counts()}
-    if isinstance(out, FinetuneResult):
-        return {
-            "action": out.action,
-            "reason": out.reason,
-            "version": out.version,
-            "status": out.status,
-            "dataset": out.dataset,
-        }
-    raise TypeError(f"no summary for {type(out).__name__}")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 from prefect import task
@@ -20,13 +20,16 @@ from ratchet.agents.baselines import Baselines, VersusRandom
 from ratchet.agents.model import is_transient
 from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.config import Settings
-from ratchet.flows import agent_versions, traces, tracking
+from ratchet.flows import agent_versions, display, traces, tracking
 from ratchet.flows.progress import report
 from ratchet.flows.runtime import LoopRuntime, RuntimeRef
 from ratchet.hashing import content_hash
 from ratchet.runtime_env import stopping
 from ratchet.stats import wilson_interval
 from ratchet.types import Policy, Split, Trajectory
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -234,6 +237,31 @@ class StageResult:
     vs_random: VersusRandom | None = None  # evaluate: the policy against random, task by task
     model_id: str = ""  # the policy's agent version in MLflow ('' outside a tracked run)
     slot_ids: list[str] = field(default_factory=list, repr=False)  # the trajectory ids it played, in order
+
+    def summary(self) -> dict[str, Any]:
+        """The journal's record of the stage (`ratchet.flows.stage.StageOutcome`)."""
+        r = self.report
+        return {
+            "n": r.n,
+            "successes": r.successes,
+            "success_rate": r.success_rate,
+            "ci95": list(r.ci95),
+            "errors": r.errors,
+            "tokens": r.prompt_tokens + r.completion_tokens,
+            "policy_version": self.policy_version,
+            **({"baselines": self.baselines.summary()} if self.baselines else {}),
+            **({"vs_random": asdict(self.vs_random)} if self.vs_random else {}),
+        }
+
+    def render(self, console: Console, settings: Settings, run_id: str | None = None) -> None:
+        type(self).render_all([self], console, settings, run_id=run_id)
+
+    @classmethod
+    def render_all(
+        cls, results: Sequence[StageResult], console: Console, settings: Settings, run_id: str | None = None
+    ) -> None:
+        """Explore and evaluate side by side: one table, then the baselines and the run's footer."""
+        display.rollouts(console, settings, results, run_id)
 
 
 def derive_seed(*parts: object) -> int:

@@ -1,4 +1,5 @@
-"""MLflow traces of a sample of explore and evaluate rollouts (LangGraph autolog).
+"""MLflow traces of a sample of the rollouts of the `traced` stages, explore and evaluate
+(`ratchet.flows.loop.LOOP`; LangGraph autolog).
 
 Which rollouts are traced is decided per rollout, reproducibly: a rollout is traced when a
 hash of its task id and rollout index falls below `trace_sample_rate` (`sampled`). A rerun
@@ -33,6 +34,7 @@ from mlflow.tracing.constant import TraceMetadataKey
 
 from ratchet.agents.rollout import RolloutSlot
 from ratchet.config import Settings
+from ratchet.flows import loop
 from ratchet.hashing import content_hash
 from ratchet.types import Trajectory
 
@@ -46,7 +48,6 @@ TRAJECTORY, TASK, STAGE, GENERATION = (
     "ratchet.generation",
 )
 OUTCOME, URL, POLICY = "ratchet.outcome", "ratchet.trajectory_url", "ratchet.policy_version"
-TRACED_STAGES = ("explore", "evaluate")
 
 _autolog = threading.Lock()
 _autolog_on: set[str] = set()  # tracking URIs this process turned autolog on for
@@ -86,8 +87,9 @@ class TraceTarget:
 def target(
     settings: Settings, stage: str, generation: int, policy_version: str, run_id: str, model_id: str
 ) -> TraceTarget | None:
-    """The trace target of a stage's rollouts (None: the stage is not traced, or the rate is 0)."""
-    if stage not in TRACED_STAGES or settings.trace_sample_rate <= 0:
+    """The trace target of a stage's rollouts (None: the stage is not `traced` in the loop's
+    list, `ratchet.flows.loop.LOOP`, or the rate is 0)."""
+    if not loop.traced(stage) or settings.trace_sample_rate <= 0:
         return None
     from ratchet.flows.tracking import setup_experiment
 

@@ -23,7 +23,7 @@ import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 from prefect import flow
@@ -44,6 +44,9 @@ from ratchet.skills.intervention import (
 )
 from ratchet.skills.replay import replay, replayed, rules_only
 from ratchet.types import Policy, Task, family_of, trajectory_id
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 BASELINE = "baseline"
 
@@ -79,6 +82,18 @@ class VerifyResult:
             "verify_replayed": sum(v.replayed for v in self.verdicts),
             "verify_baseline_rollouts": self.baseline_rollouts,
         }
+
+    def summary(self) -> dict[str, Any]:
+        """The journal's record of the stage (`ratchet.flows.stage.StageOutcome`)."""
+        by: dict[str, list[str]] = {"verified": [], "promoted": [], "rejected": []}
+        for v in self.verdicts:
+            by.setdefault(v.status, []).append(v.skill)
+        return {"champion": self.champion, **by, **self.counts()}
+
+    def render(self, console: Console, settings: Settings, run_id: str | None = None) -> None:
+        from ratchet.flows import display
+
+        display.verify(console, self)
 
 
 def arm_name(skill: Skill) -> str:

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from ratchet.agents.baselines import baselines, play_gold, play_random, versus_random
-from ratchet.flows.journal import GenerationRow, _fill
+from ratchet.flows.journal import GenerationRow
+from ratchet.flows.loop import stage
 from ratchet.suites import get_suite
 
 
@@ -61,11 +62,11 @@ def test_versus_random_is_an_exact_sign_test_over_tasks() -> None:
 def test_the_journal_row_carries_both_levels_and_old_journals_still_read() -> None:
     summary = {"n": 10, "successes": 6, "ci95": [0.3, 0.8], "policy_version": "p"}
     old = GenerationRow(0)
-    _fill(old, "evaluate", summary)
+    stage("evaluate").fill(old, summary)
     assert old.random_success is None and old.gold_success is None
     new = GenerationRow(1)
     levels = {"random": {"rate": 0.5, "ci95": [0.3, 0.7]}, "gold": {"rate": 1.0, "ci95": [0.7, 1.0]}}
-    _fill(new, "evaluate", summary | {"baselines": levels, "vs_random": {"p_value": 0.2}})
+    stage("evaluate").fill(new, summary | {"baselines": levels, "vs_random": {"p_value": 0.2}})
     assert (new.random_success, new.random_ci95, new.gold_success, new.vs_random_p) == (
         0.5,
         (0.3, 0.7),

@@ -133,9 +133,7 @@ def test_a_solved_task_whose_text_carries_an_injection_is_not_shown(tmp_path: Pa
     assert len(found) == 1 and [d.trajectory for d in found[0].exemplars or ()] == ["w1", "w2"]
     assert [d["job"] for d in out.dropped] == ["exemplar bad"]
     assert Screen.from_trajectories([]).problems("Task: Find the coin.", copies=False) == []
-    from ratchet.flows.journal import stage_summary
-
-    journaled = stage_summary(out)["dropped"]  # why, where a reader of the journal looks
+    journaled = out.summary()["dropped"]  # why, where a reader of the journal looks
     assert [d["job"] for d in journaled] == ["exemplar bad"] and journaled[0]["problems"]
 
 

@@ -21,7 +21,6 @@ from ratchet.diagnosis.keys import failure_keys
 from ratchet.diagnosis.values import Vocabulary, error_class
 from ratchet.flows.diagnose import diagnose_stage
 from ratchet.flows.distill import distill_stage
-from ratchet.flows.journal import stage_summary
 from ratchet.flows.runtime import LoopRuntime
 from ratchet.memory.trajectory_store import open_store
 from ratchet.memory.vector_index import embed
@@ -311,7 +310,7 @@ def test_diagnose_and_distill_stages_on_a_single_call_family(tmp_path: Path) -> 
     result = _in_flow(diagnose_stage, rt, 0)
     assert result.failures == 16 and result.by_mode == {"wrong_answer": 16}
     assert result.judge_discarded == 16 and result.discarded == {"says nothing": 16}
-    assert stage_summary(result)["judge_discarded"] == 16
+    assert result.summary()["judge_discarded"] == 16
     assert all(d.cause == "" for d in rt.store.diagnoses("e", 0))
     assert [c.size for c in result.clusters] == [16]
     out = _in_flow(distill_stage, rt, 0)
