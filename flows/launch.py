@@ -20,9 +20,8 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from ratchet.config import Settings
 from ratchet.errors import ConfigError
+from ratchet.flows.loop import distributed
 from ratchet.runtime_env import prepare_environment
-
-ROLLOUT_FLOWS = frozenset({"explore", "evaluate", "verify"})
 
 # A rollout whose Ray worker process died (killed, out of memory) is run again by Ray in
 # another worker under the same Prefect task run; the slot's id and the store's upsert make
@@ -44,10 +43,10 @@ RAY_TOKEN = secrets.token_hex(32)  # this process's clusters' (launch.py:ray_env
 
 
 def task_runner(settings: Settings, flow_name: str = "explore") -> Any:
-    """Threads (`concurrency` workers), or for a rollout flow a Dask or Ray runner when
-    `evolve.task_runner` says so."""
+    """Threads (`concurrency` workers), or for a stage whose rollouts are `distributed`
+    (`flows/loop.py`) a Dask or Ray runner when `evolve.task_runner` says so."""
     kind = settings.evolve.task_runner
-    if kind == "threads" or flow_name not in ROLLOUT_FLOWS:
+    if kind == "threads" or not distributed(flow_name):
         return ThreadPoolTaskRunner(max_workers=settings.concurrency)
     try:
         if kind == "dask":

@@ -57,10 +57,17 @@ def fill_evaluate(row: GenerationRow, s: dict[str, Any]) -> None:
 
 
 LOOP: tuple[Stage, ...] = (
-    Stage("explore", "ratchet.flows.explore:explore", traced=True, in_run=True, fill=fill_explore),
+    Stage(
+        "explore",
+        "ratchet.flows.explore:explore",
+        traced=True,
+        in_run=True,
+        distributed=True,
+        fill=fill_explore,
+    ),
     Stage("diagnose", "ratchet.flows.diagnose:diagnose_flow", in_run=True),
     Stage("distill", "ratchet.flows.distill:distill_flow", in_run=True),
-    Stage("verify", "ratchet.flows.verify:verify_flow", gated=True, fill=fill_verify),
+    Stage("verify", "ratchet.flows.verify:verify_flow", gated=True, distributed=True, fill=fill_verify),
     Stage("finetune", "ratchet.flows.finetune:finetune_flow", gated=True, fill=fill_finetune),
     Stage(
         "evaluate",
@@ -68,6 +75,7 @@ LOOP: tuple[Stage, ...] = (
         traced=True,
         in_run=True,
         baseline=True,
+        distributed=True,
         fill=fill_evaluate,
     ),
 )
@@ -99,6 +107,11 @@ def gated(names: Collection[str]) -> bool:
 def traced(name: str) -> bool:
     """Whether a sample of stage `name`'s rollouts is traced (False for anything not a stage)."""
     return any(s.traced for s in LOOP if s.name == name)
+
+
+def distributed(name: str) -> bool:
+    """Whether stage `name`'s rollouts may run on Dask or Ray workers (False for any other flow)."""
+    return any(s.distributed for s in LOOP if s.name == name)
 
 
 def stages_of(generation: int) -> tuple[str, ...]:

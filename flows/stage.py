@@ -64,6 +64,7 @@ class Stage:
     gated: bool = False  # it runs the A/B gate, so it needs a dev split large enough for it
     in_run: bool = False  # plain `ratchet run` (no --stage) runs it
     baseline: bool = False  # it runs in generation 0, the baseline (every stage runs in g >= 1)
+    distributed: bool = False  # its rollouts go to Dask or Ray workers when `evolve.task_runner` says so
     fill: Fill = no_fill  # what its journal summary adds to a `GenerationRow`
 
     def flow(self) -> Any:
