@@ -6,7 +6,7 @@ embedded server) the candidate arm's answers differ from the baseline's on some 
 both directions: real noise, not identical arms. It cannot help on purpose, so every
 admission is a false promotion. Reported with a 95% Clopper-Pearson interval.
 
-    .venv/bin/python bench/aa_gate.py [--gates 40] [--dev 16] [--max-steps 3]
+    .venv/bin/python -m bench aa_gate [--gates 40] [--dev 16] [--max-steps 3]
 
 Promotion is `manual` here, so every gate runs against the same champion. One verify run
 plays the shared baseline arm once and the candidates' arms in batches.
@@ -14,16 +14,19 @@ plays the shared baseline arm once and the candidates' arms in batches.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness import (
+    bench_settings,
+    clopper_pearson,
+    fresh_data_dir,
+    install_champion,
+    option,
+    write_result,
+)
 
 TOPICS = [
     ("bread", "let the dough rest before baking"),
@@ -90,27 +93,6 @@ def irrelevant_skills(n: int, family: str) -> list:
     return out
 
 
-def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
-    from scipy.stats import beta
-
-    a = (1 - conf) / 2
-    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
-    return lo, hi
-
-
-def install_champion(settings: Any, adapter_dir: Path) -> None:
-    """Make a trained LoRA adapter the champion (as a person would promote it), once."""
-    from ratchet.training.registry import AdapterRegistry
-
-    registry = AdapterRegistry(settings)
-    if registry.champion() is not None:
-        return
-    v = registry.register(adapter_dir, None, str(adapter_dir), "bench", "bench", who="bench")
-    registry.transition(v.name, "verified", who="bench", why="given", evidence={"decision": "accept"})
-    registry.transition(v.name, "promoted", who="bench", why="the policy under test")
-
-
 def run_aa(
     gates: int = 40,
     dev: int = 16,
@@ -123,16 +105,14 @@ def run_aa(
     adapter: Path | None = None,
 ) -> dict:
     """Gate `gates` irrelevant candidates against the base policy; the summary of what passed."""
-    from ratchet.config import load_settings
     from ratchet.flows.launch import run_flow
     from ratchet.flows.runtime import open_library
     from ratchet.flows.verify import verify_flow
-    from ratchet.runtime_env import prepare_environment
 
-    data = data_dir or Path(tempfile.mkdtemp(prefix="ratchet-aa-"))
-    settings = load_settings(
+    data = data_dir or fresh_data_dir("ratchet-aa-")
+    settings = bench_settings(
+        data,
         {
-            "data_dir": data,
             "evolution": "aa",
             "suite": suite,
             "splits.dev": dev,
@@ -140,9 +120,8 @@ def run_aa(
             "concurrency": concurrency,
             "verify.promotion": "manual",
             "evaluate.temperature": temperature,
-        }
+        },
     )
-    prepare_environment(settings)
     if adapter is not None:
         install_champion(settings, adapter)
     library = open_library(settings)
@@ -198,33 +177,33 @@ def _baseline_successes(settings: Any) -> list[int]:
     return [sum(t.success for t in base), len(base)]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--gates", type=int, default=40)
-    p.add_argument("--dev", type=int, default=16, help="dev tasks (max tasks per gate)")
-    p.add_argument("--suite", default="reasoning-gym:chain_sum")
-    p.add_argument("--max-steps", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--adapter", type=Path, default=None, help="a LoRA adapter dir to test as the champion")
-    p.add_argument(
-        "--temperature", type=float, default=0.0, help="the policy's sampling temperature (0 = greedy)"
-    )
-    p.add_argument("--data-dir", type=Path, default=None, help="reuse (resume) a previous run's state")
-    args = p.parse_args()
+@dataclass
+class Options:
+    gates: int = option(40)
+    dev: int = option(16, "dev tasks (max tasks per gate)")
+    suite: str = option("reasoning-gym:chain_sum")
+    max_steps: int = option(3)
+    concurrency: int = option(8)
+    adapter: Path | None = option(None, "a LoRA adapter dir to test as the champion")
+    temperature: float = option(0.0, "the policy's sampling temperature (0 = greedy)")
+    data_dir: Path | None = option(None, "reuse (resume) a previous run's state")
+
+
+def run(opts: Options) -> None:
     summary = run_aa(
-        args.gates,
-        args.dev,
-        args.suite,
-        args.max_steps,
-        args.concurrency,
-        args.data_dir,
-        temperature=args.temperature,
-        adapter=args.adapter,
+        opts.gates,
+        opts.dev,
+        opts.suite,
+        opts.max_steps,
+        opts.concurrency,
+        opts.data_dir,
+        temperature=opts.temperature,
+        adapter=opts.adapter,
     )
     lo, hi = summary["ci95"]
     solved, dev_tasks = summary["baseline_successes"]
     print(
-        f"A/A on {args.suite}: {summary['accepted']}/{summary['gates']} irrelevant candidates admitted "
+        f"A/A on {opts.suite}: {summary['accepted']}/{summary['gates']} irrelevant candidates admitted "
         f"(rate {summary['false_promotion_rate']:.1%}, 95% CI {lo:.1%}-{hi:.1%}; alpha {summary['alpha']}); "
         f"{summary['gates_with_discordant_pairs']} gates saw discordant pairs "
         f"({summary['repairs']} repairs, {summary['regressions']} regressions in all); "
@@ -232,10 +211,4 @@ def main() -> None:
         f"{summary['candidate_rollouts']} candidate rollouts, "
         f"{summary['wall_seconds']:.0f} s"
     )
-    out = ROOT / "bench" / "results" / "aa_gate.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    write_result("aa_gate", summary, opts)

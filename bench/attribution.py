@@ -11,7 +11,7 @@ injected one (exact) or next to it (±1). Two reference sets:
 * all       — every success of the task, the mutated source included (the loop's situation);
 * leave-out — the other successes only (only for tasks with more than one distinct path).
 
-    .venv/bin/python bench/attribution.py [--games coin,mapreader,sorting] [--tasks 15]
+    .venv/bin/python -m bench attribution [--games coin,mapreader,sorting] [--tasks 15]
         [--paths 3] [--steps-per-path 0] [--seed 0]
 
 A `None` attribution counts as a miss and is reported. Two methods side by side: the shipped
@@ -21,24 +21,18 @@ the action sequence alone), to show what matching on states buys.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ratchet.agents.actor import join_options  # noqa: E402
-from ratchet.diagnosis.attribution import SuccessTree  # noqa: E402
-from ratchet.suites.base import ActionError, Episode  # noqa: E402
-from ratchet.suites.textworld_express import TextWorldExpressEpisode  # noqa: E402
-from ratchet.types import Attribution, Step, Task, ToolCall, Trajectory  # noqa: E402
+from bench.harness import option, write_result
+from ratchet.agents.actor import join_options
+from ratchet.diagnosis.attribution import SuccessTree
+from ratchet.suites.base import ActionError, Episode
+from ratchet.suites.textworld_express import TextWorldExpressEpisode
+from ratchet.types import Attribution, Step, Task, ToolCall, Trajectory
 
 SETTINGS = ("all", "leave-out")
 METHODS = ("shipped", "prefix")
@@ -223,14 +217,16 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:.0%}"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--games", default="coin,mapreader,sorting")
-    p.add_argument("--tasks", type=int, default=15, help="train tasks per game")
-    p.add_argument("--paths", type=int, default=3, help="resets per task to collect distinct gold paths")
-    p.add_argument("--steps-per-path", type=int, default=0, help="mutated steps per path (0 = every step)")
-    p.add_argument("--seed", type=int, default=0, help="rng seed for the injected actions")
-    args = p.parse_args()
+@dataclass
+class Options:
+    games: str = option("coin,mapreader,sorting")
+    tasks: int = option(15, "train tasks per game")
+    paths: int = option(3, "resets per task to collect distinct gold paths")
+    steps_per_path: int = option(0, "mutated steps per path (0 = every step)")
+    seed: int = option(0, "rng seed for the injected actions")
+
+
+def run(args: Options) -> None:
 
     from ratchet.suites.textworld_express import TextWorldExpressSuite
 
@@ -290,21 +286,6 @@ def main() -> None:
             for (game, d, verb), k in sorted(misses.items(), key=lambda kv: -kv[1])[:6]:
                 print(f"    {k:4d}  {game:10s} delta {d:5s} injected '{verb} …'")
 
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "attribution.json").write_text(
-        json.dumps(
-            {
-                "args": vars(args),
-                "seconds": round(seconds, 1),
-                "stats": {g: dict(st) for g, st in per_game_stats.items()},
-                "summary": table,
-                "cases": [c.row() for c in cases],
-            },
-            indent=2,
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()
+    stats = {g: dict(st) for g, st in per_game_stats.items()}
+    doc = {"seconds": round(seconds, 1), "stats": stats, "summary": table, "cases": [c.row() for c in cases]}
+    write_result("attribution", doc, args)

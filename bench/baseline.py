@@ -10,7 +10,7 @@ For each target: the first `--test` tasks of its held-out test split, played by
 and the paired sign test of the model against random, task by task. Every gain benchmark
 prints the same random row for its own test tasks; this one shows the bar on its own.
 
-    .venv/bin/python bench/baseline.py [--test 30] [--seeds 10] [--no-model [--split dev] [--max-steps 8]]
+    .venv/bin/python -m bench baseline [--test 30] [--seeds 10] [--no-model [--split dev] [--max-steps 8]]
         [--targets textworld-express:coin textworld-express:mapreader ...] [--out FILE]
 
 Writes bench/results/baseline.json (`--no-model`: baseline_levels.json, random and gold only:
@@ -19,16 +19,12 @@ the bar for any other bench's task set, e.g. a gate bench's dev tasks and step b
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness import bench_settings, embedded_server, fresh_data_dir, option, write_result
 
 TARGETS = [
     "textworld-express:coin",
@@ -94,40 +90,33 @@ def table(rows: list[dict[str, Any]], tasks: int, seeds: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--targets", nargs="+", default=TARGETS)
-    p.add_argument("--test", type=int, default=30, help="test tasks per target")
-    p.add_argument("--seeds", type=int, default=10, help="random-policy episodes per task")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--no-model", action="store_true", help="random and gold only (seconds, no model server)")
-    p.add_argument(
-        "--split", choices=["test", "dev", "train"], default="test", help="with --no-model: which split"
-    )
-    p.add_argument("--max-steps", type=int, default=None, help="with --no-model: override the step budget")
-    p.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/baseline*.json)")
-    args = p.parse_args()
+@dataclass
+class Options:
+    targets: list[str] = option(TARGETS)
+    test: int = option(30, "test tasks per target")
+    seeds: int = option(10, "random-policy episodes per task")
+    concurrency: int = option(8)
+    no_model: bool = option(False, "random and gold only (seconds, no model server)")
+    split: str = option("test", "with --no-model: which split", choices=["test", "dev", "train"])
+    max_steps: int | None = option(None, "with --no-model: override the step budget")
+    out: Path | None = option(None, "JSON file (default bench/results/baseline*.json)")
 
+
+def run(args: Options) -> None:
     from ratchet.agents.baselines import baselines
-    from ratchet.config import load_settings
-    from ratchet.runtime_env import prepare_environment
     from ratchet.suites import get_suite
 
-    data = Path(tempfile.mkdtemp(prefix="ratchet-baseline-"))
+    data = fresh_data_dir("ratchet-baseline-")
     rows = []
 
     def settings_for(target: str) -> Any:
-        s = load_settings(
-            {
-                "data_dir": data / target.replace(":", "-"),
-                "suite": target,
-                "splits.test": args.test,
-                "concurrency": args.concurrency,
-                "evaluate.baseline_seeds": args.seeds,
-            }
-        )
-        prepare_environment(s)
-        return s
+        overrides = {
+            "suite": target,
+            "splits.test": args.test,
+            "concurrency": args.concurrency,
+            "evaluate.baseline_seeds": args.seeds,
+        }
+        return bench_settings(data / target.replace(":", "-"), overrides)
 
     if args.no_model:
         for target in args.targets:
@@ -139,9 +128,8 @@ def main() -> None:
     else:
         from ratchet.flows.evaluate import evaluate
         from ratchet.flows.launch import run_flow
-        from ratchet.server.launcher import EmbeddedServer
 
-        with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
+        with embedded_server(data / "logs") as url:
             for target in args.targets:
                 started = time.perf_counter()
                 result = run_flow(evaluate, settings_for(target), base_url=url)
@@ -157,12 +145,4 @@ def main() -> None:
                 print(f"{target}: {time.perf_counter() - started:.0f} s", flush=True)
 
     print(table(rows, args.test, args.seeds))
-    out = args.out or ROOT / "bench" / "results" / (
-        "baseline_levels.json" if args.no_model else "baseline.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    write_result("baseline_levels" if args.no_model else "baseline", {"rows": rows}, args, path=args.out)

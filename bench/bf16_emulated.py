@@ -1,6 +1,6 @@
 """What bf16 costs on a CPU without bf16 units, measured on one that has them.
 
-    .venv/bin/python bench/bf16_emulated.py [--rounds 3] [--name bf16_emulated]
+    .venv/bin/python -m bench bf16_emulated [--rounds 3] [--name bf16_emulated]
 
 CI runs on machines of both kinds. Where the CPU has no AVX512-BF16 or AMX-BF16, torch
 emulates bf16 products, and the LoRA test that trains under bf16 autocast ran past its 900 s
@@ -16,15 +16,13 @@ Writes bench/results/<name>.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness import option, write_result
 
 ISAS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
 CHILD = """
@@ -52,14 +50,15 @@ def measure(isa: str, rounds: int) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    from bench._setup import write_result
+@dataclass
+class Options:
+    rounds: int = option(3, "timed passes per format and ISA")
+    name: str = option("bf16_emulated", "results file name under bench/results")
+
+
+def run(args: Options) -> None:
     from ratchet.server.precision import native_bf16
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--name", default="bf16_emulated")
-    args = ap.parse_args()
     rows = {isa: measure(isa, args.rounds) for isa in ISAS}
     for row in rows.values():
         row["bf16_over_fp32"] = round(row["bfloat16"] / row["float32"], 2)
@@ -69,8 +68,5 @@ def main() -> None:
         "ms_per_forward_backward": rows,
         "emulated_over_native_bf16": round(rows["avx2"]["bfloat16"] / rows["native"]["bfloat16"], 1),
     }
-    write_result(args.name, summary, {"args": vars(args)})
-
-
-if __name__ == "__main__":
-    main()
+    print(json.dumps(summary, indent=2))
+    write_result(args.name, summary, args)

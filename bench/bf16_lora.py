@@ -1,7 +1,7 @@
 """Ways to train the LoRA adapter side by side: as fast as they look, and as good?
 
 Where `model.dtype` means bf16 (`auto` on a CPU with bf16 units) the fine-tune stage trains
-under bf16 autocast, each batch as a prefix tree (training/prefix_tree.py). bench/lora_step.py
+under bf16 autocast, each batch as a prefix tree (training/prefix_tree.py). lora_step
 times one optimizer step; this measures what a generation pays and gets: the whole training
 on one real dataset in each way (`--dtypes`: `float32`; `autocast`, an fp32 base with bf16
 products; `bfloat16`, the whole base in bf16; each of them `/tree` to run each batch's
@@ -15,13 +15,13 @@ The dataset is the one the three-generation bf16 headline trained on in its last
 fine-tune stage exports), so both formats learn exactly the same examples in the same order.
 Evaluation: one embedded server (`--serve-dtype`, default this machine's `auto`), the real
 `evaluate` stage, greedy, on the first `--test` coin test tasks; one arm per adapter, then the
-base model, same tasks and seeds (bench/_paired.py), compared task by task with the first arm
+base model, same tasks and seeds (bench/harness.py: evaluate_arms), compared task by task with the first arm
 (the fp32 adapter).
 
-    .venv/bin/python bench/bf16_lora.py [--test 30] [--dtypes float32 autocast bfloat16]
-    .venv/bin/python bench/bf16_lora.py --dtypes autocast autocast/tree autocast@1 --no-base --test 100
-    .venv/bin/python bench/bf16_lora.py --work DIR --test 100 --no-base   # the same adapters, more tasks
-    .venv/bin/python bench/bf16_lora.py --work DIR --dtypes float32 --no-base --rules-from RUN_DATA_DIR
+    .venv/bin/python -m bench bf16_lora [--test 30] [--dtypes float32 autocast bfloat16]
+    .venv/bin/python -m bench bf16_lora --dtypes autocast autocast/tree autocast@1 --no-base --test 100
+    .venv/bin/python -m bench bf16_lora --work DIR --test 100 --no-base   # the same adapters, more tasks
+    .venv/bin/python -m bench bf16_lora --work DIR --dtypes float32 --no-base --rules-from RUN_DATA_DIR
 
 `--rules-from` a run's data dir adds the rules that run promoted, alone and under each
 adapter: does the adapter help the policy the loop kept, where its gate plays it?
@@ -35,17 +35,13 @@ import argparse
 import gzip
 import json
 import shutil
-import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.harness import BENCH, MODELS, Arm, arms_table, embedded_server, evaluate_arms, option, write_result
 
-from _paired import Arm, evaluate_arms, table, write_result  # noqa: E402
-
-DATASET = ROOT / "bench" / "data" / "coin_headline_dataset.jsonl.gz"
+DATASET = BENCH / "data" / "coin_headline_dataset.jsonl.gz"
 FAMILY = "textworld-express:coin"
 DTYPES = ("float32", "autocast", "bfloat16")  # the first is the arm the others are compared with
 WAYS = (*DTYPES, *(f"{d}/tree" for d in DTYPES))
@@ -79,9 +75,8 @@ def train(dataset: Path, way: str, out: Path) -> dict[str, object]:
     dtype, _, tree = spec.partition("/")
     cfg = cfg.model_copy(update={"shared_prefixes": bool(tree), "seed": int(seed or cfg.seed)})
     base = "float32" if dtype == "autocast" else dtype
-    models = ROOT / ".ratchet" / "models"
     result, too_long = fit_adapter(
-        models,
+        MODELS,
         data.examples,
         out,
         cfg,
@@ -120,31 +115,29 @@ def kept_rules(data_dir: Path) -> tuple[object, ...]:
     return rules
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", type=Path, default=DATASET, help="an exported dataset (.jsonl.gz)")
-    p.add_argument("--dtypes", nargs="+", type=training_way, default=list(DTYPES), help="ways to train")
-    p.add_argument("--serve-dtype", default="auto", help="the evaluation server's format")
-    p.add_argument("--test", type=int, default=30, help="held-out coin test tasks")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--name", default="bf16_lora")
-    p.add_argument("--work", type=Path, help="a previous run's work dir: reuse its adapters (more --test)")
-    p.add_argument("--base", action=argparse.BooleanOptionalAction, default=True, help="play the base too")
-    p.add_argument("--rules-from", type=Path, help="a run's data dir: also play the rules it promoted")
-    args = p.parse_args()
-    from ratchet.runtime_env import stop_on_signals
+@dataclass
+class Options:
+    dataset: Path = option(DATASET, "an exported dataset (.jsonl.gz)")
+    dtypes: list[str] = option(list(DTYPES), "ways to train", type=training_way)
+    serve_dtype: str = option("auto", "the evaluation server's format")
+    test: int = option(30, "held-out coin test tasks")
+    concurrency: int = option(8)
+    name: str = option("bf16_lora", "results file name under bench/results")
+    work: Path | None = option(None, "a previous run's work dir: reuse its adapters (more --test)")
+    base: bool = option(True, "play the base too")
+    rules_from: Path | None = option(None, "a run's data dir: also play the rules it promoted")
 
-    stop_on_signals()  # a killed run stops its server
 
-    from ratchet.server.launcher import EmbeddedServer, served_dtype
+def run(args: Options) -> None:
+    from ratchet.server.launcher import served_dtype
     from ratchet.server.precision import native_bf16
     from ratchet.server.weights import ensure_hf_copy
 
-    ensure_hf_copy(ROOT / ".ratchet" / "models")
+    ensure_hf_copy(MODELS)
     work = args.work or Path(tempfile.mkdtemp(prefix="ratchet-bf16-lora-"))
     print(f"work dir: {work}", flush=True)
     trained = [train(args.dataset, way, adapter_dir(work, way)) for way in args.dtypes]
-    with EmbeddedServer(ROOT / ".ratchet" / "models", work / "server", dtype=args.serve_dtype) as url:
+    with embedded_server(work / "server", dtype=args.serve_dtype) as url:
         arms = {f"lora {t['dtype']}": Arm(url, adapter=adapter_dir(work, str(t["dtype"]))) for t in trained}
         if args.base:
             arms["base"] = Arm(url)
@@ -162,21 +155,16 @@ def main() -> None:
     print("| trained | steps | tokens run | wall | s/step | final loss | mean loss, last epoch |")
     print("|---|---|---|---|---|---|---|")
     for t in trained:
-        run = t.get("model_tokens", t["tokens"])
-        cells = [t["dtype"], t["steps"], run, f"{t['wall_s']:.0f} s", t["sec_per_step"], t["final_loss"]]
+        tokens_run = t.get("model_tokens", t["tokens"])
+        cells = [
+            t["dtype"],
+            t["steps"],
+            tokens_run,
+            f"{t['wall_s']:.0f} s",
+            t["sec_per_step"],
+            t["final_loss"],
+        ]
         print("| " + " | ".join(map(str, [*cells, t["mean_last_epoch_loss"]])) + " |")
-    print(table([family], first))
-    write_result(
-        args.name,
-        args,
-        {
-            "native_bf16": native_bf16(),
-            "served_dtype": served,
-            "training": trained,
-            "evaluation": family,
-        },
-    )
-
-
-if __name__ == "__main__":
-    main()
+    print(arms_table([family], first))
+    doc = {"native_bf16": native_bf16(), "served_dtype": served, "training": trained, "evaluation": family}
+    write_result(args.name, doc, args)

@@ -1,8 +1,9 @@
-"""Verify gate over a strong champion: a fixed 32-task dev split against one that grows with
-the champion's known success rate (`verify.min_failures`, skills/intervention.py: grown_budget),
-on simulated candidates whose true effect is known.
+"""Verify gate over a strong champion: a fixed 32-task dev split against one that grows (simulated).
 
-    .venv/bin/python bench/dev_budget.py [--sims 10000] [--seed 0] [--dev 32]
+The dev split that grows with the champion's known success rate (`verify.min_failures`,
+skills/intervention.py: grown_budget), on simulated candidates whose true effect is known.
+
+    .venv/bin/python -m bench dev_budget [--sims 10000] [--seed 0] [--dev 32]
         [--baselines 0.5 0.8 0.85 0.9] [--min-failures 8] [--caps 64 96] [--name dev_budget]
 
 Only a task the champion fails can be repaired: at 89% success a 32-task split holds about
@@ -16,22 +17,14 @@ case for the false-admission rate, which the A/A rows measure. No model is run.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from gate_efficiency import clopper_pearson  # noqa: E402
-
-from ratchet.config import GateSettings, VerifySettings  # noqa: E402
-from ratchet.skills.intervention import PairedOutcome, grown_budget, sequential_gate  # noqa: E402
+from bench.harness import clopper_pearson, option, write_result
+from ratchet.config import GateSettings, VerifySettings
+from ratchet.skills.intervention import PairedOutcome, grown_budget, sequential_gate
 
 # name -> (P(repair | champion failed), P(regression | champion succeeded)); None: per baseline
 EFFECTS: dict[str, tuple[float, float] | None] = {
@@ -45,18 +38,18 @@ EFFECTS: dict[str, tuple[float, float] | None] = {
 NULLS = ("A/A, identical arms", "A/A, noisy")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--sims", type=int, default=10000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dev", type=int, default=32, help="splits.dev: the fixed design's budget")
-    p.add_argument("--baselines", type=float, nargs="+", default=[0.5, 0.8, 0.85, 0.9])
-    p.add_argument("--min-failures", type=int, default=VerifySettings.model_fields["min_failures"].default)
-    p.add_argument(
-        "--caps", type=int, nargs="+", default=[64, 96], help="verify.max_tasks of the grown designs"
-    )
-    p.add_argument("--name", default="dev_budget")
-    args = p.parse_args()
+@dataclass
+class Options:
+    sims: int = option(10000, "simulated candidates per cell")
+    seed: int = option(0)
+    dev: int = option(32, "splits.dev: the fixed design's budget")
+    baselines: list[float] = option([0.5, 0.8, 0.85, 0.9], "the champion's success rates")
+    min_failures: int = option(VerifySettings.model_fields["min_failures"].default, "verify.min_failures")
+    caps: list[int] = option([64, 96], "verify.max_tasks of the grown designs")
+    name: str = option("dev_budget", "results file name under bench/results")
+
+
+def run(args: Options) -> None:
 
     gate = GateSettings()  # alpha, looks, cap and futility as the loop uses them
     designs = {f"fixed {args.dev}": None, **{f"grown to <= {c}": c for c in args.caps}}
@@ -127,14 +120,4 @@ def main() -> None:
         f"\nworst null admission: {worst['accept']:.2%} "
         f"({worst['design']}, {worst['baseline']:.0%}, {worst['effect']})"
     )
-    out = ROOT / "bench" / "results" / f"{args.name}.json"
-    out.write_text(
-        json.dumps(
-            {"args": vars(args), "gate": gate.model_dump(), "rows": rows, "seconds": seconds}, indent=2
-        )
-    )
-    print(f"wrote {out.relative_to(ROOT)}")
-
-
-if __name__ == "__main__":
-    main()
+    write_result(args.name, {"gate": gate.model_dump(), "rows": rows, "seconds": seconds}, args)

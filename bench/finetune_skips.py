@@ -1,9 +1,9 @@
 """Would the fine-tune stage train again? Counted on a real run's data, by id and by path.
 
-    .venv/bin/python bench/finetune_skips.py --data DIR [--family textworld-express:coin]
+    .venv/bin/python -m bench finetune_skips --data DIR [--family textworld-express:coin]
                                              [--evolution headline] [--name finetune_skips]
 
-For every generation of a finished run (bench/evolve_gain.py's data dir), the dataset the
+For every generation of a finished run (an evolve_gain data dir), the dataset the
 stage builds from the train successes so far (training/dataset.py, default settings), and how
 many of its kept successes are new against the sources of the last adapter trained, counted
 two ways: by trajectory id (the rule until 2026-12-03) and by (task, action path)
@@ -18,23 +18,23 @@ Writes bench/results/<name>.json and prints the table. No model, no server: seco
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness import option, write_result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, required=True, help="a bench/evolve_gain.py data dir")
-    p.add_argument("--family", default="textworld-express:coin")
-    p.add_argument("--evolution", default="headline")
-    p.add_argument("--name", default="finetune_skips")
-    args = p.parse_args()
+@dataclass
+class Options:
+    data: Path = option(help="an evolve_gain data dir")
+    family: str = option("textworld-express:coin")
+    evolution: str = option("headline")
+    name: str = option("finetune_skips", "results file name under bench/results")
+
+
+def run(args: Options) -> None:
 
     from ratchet.config import load_settings
     from ratchet.flows.finetune import train_successes, training_dataset
@@ -82,7 +82,6 @@ def main() -> None:
         rows.append(row)
     saved = [r for r in rows if r["id_rule"] == "trained" and r["path_rule"] != "trained"]
     out = {
-        "args": {k: str(v) for k, v in vars(args).items()},
         "min_new_successes": need,
         "rows": rows,
         "id_rule_matches_the_run": all(r["id_rule"] == r["run"] for r in rows),
@@ -100,10 +99,4 @@ def main() -> None:
         f"id rule matches the run: {out['id_rule_matches_the_run']}; path rule saves "
         f"{out['trainings_saved']} training(s), {out['finetune_seconds_saved']:.0f} s of finetune"
     )
-    path = ROOT / "bench" / "results" / f"{args.name}.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()
+    write_result(args.name, out, args)

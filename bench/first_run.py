@@ -11,14 +11,13 @@ runs one trivial flow, while `--busy` processes spin on the cores:
 Reports, per mode, how many first runs succeeded and their wall time (process start to
 flow result). Modes alternate within each round, so both see the same load.
 
-    .venv/bin/python bench/first_run.py [--rounds 4] [--busy 4]
+    .venv/bin/python -m bench first_run [--rounds 4] [--busy 4]
 
 Writes bench/results/first_run.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,9 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import option, write_result
 
 FLOW = """
 import time
@@ -75,11 +74,13 @@ def one_run(mode: str) -> dict[str, object]:
     return {"mode": mode, "ok": ok, "seconds": round(seconds, 1), "error": error}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--busy", type=int, default=2 * (os.cpu_count() or 2), help="spinning processes")
-    args = p.parse_args()
+@dataclass
+class Options:
+    rounds: int = option(4)
+    busy: int = option(2 * (os.cpu_count() or 2), "spinning processes")
+
+
+def run(args: Options) -> None:
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     runs = []
     try:
@@ -105,10 +106,4 @@ def main() -> None:
         }
         med = f"{statistics.median(good):.1f}" if good else "—"
         print(f"| {mode} | {len(good)}/{len(mine)} | {med} |")
-    out = ROOT / "bench" / "results" / "first_run.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "summary": summary, "runs": runs}, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    write_result("first_run", {"summary": summary, "runs": runs}, args)

@@ -1,8 +1,10 @@
-"""Verify gate: the sequential (group-sequential) gate against the fixed-n exact McNemar gate,
-on simulated candidates whose true effect is known — rollouts used, agreement of decisions, and
-the false-promotion rate of candidates that do not help.
+"""Verify gate: the sequential gate against the fixed-n exact McNemar gate (simulated).
 
-    .venv/bin/python bench/gate_efficiency.py [--sims 10000] [--seed 0] [--baseline 0.5]
+The sequential (group-sequential) gate against the fixed-n exact McNemar gate, on simulated
+candidates whose true effect is known: rollouts used, agreement of decisions, and the
+false-promotion rate of candidates that do not help.
+
+    .venv/bin/python -m bench gate_efficiency [--sims 10000] [--seed 0] [--baseline 0.5]
         [--max-tasks 64] [--futility 0.05 0.1] [--name gate_efficiency]
 
 Several `--futility` levels run side by side on the same simulated outcome sequences, so their
@@ -17,19 +19,13 @@ No model is run: this measures the statistics, not the agent.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import beta
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ratchet.skills.intervention import (  # noqa: E402
+from bench.harness import clopper_pearson, option, write_result
+from ratchet.skills.intervention import (
     GateSettings,
     PairedOutcome,
     binomial_p_value,
@@ -50,12 +46,6 @@ EFFECTS: dict[str, tuple[float, float]] = {
 NULLS = ("A/A, identical arms", "A/A, noisy (up to 30% discordant)")
 
 
-def clopper_pearson(k: int, n: int) -> tuple[float, float]:
-    lo = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
-    return lo, hi
-
-
 def simulate(rng: np.random.Generator, n: int, base: float, fix: float, brk: float) -> list[PairedOutcome]:
     b = rng.random(n) < base
     u = rng.random(n)
@@ -73,25 +63,24 @@ def naive_peeking(outcomes: list[PairedOutcome], cfg: GateSettings) -> bool:
     return False
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--sims", type=int, default=10000, help="simulated candidates per effect")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--baseline", type=float, default=0.5, help="baseline success rate on dev tasks")
-    p.add_argument("--max-tasks", type=int, default=64)
-    p.add_argument("--look-every", type=int, default=8)
-    p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--max-regressions", type=float, default=0.1)
-    p.add_argument(
-        "--futility",
-        type=float,
-        nargs="+",
-        default=[GateSettings.model_fields["futility"].default],
-        help="predictive-futility levels, run side by side on the same outcomes (0 = off)",
+@dataclass
+class Options:
+    sims: int = option(10000, "simulated candidates per effect")
+    seed: int = option(0)
+    baseline: float = option(0.5, "baseline success rate on dev tasks")
+    max_tasks: int = option(64)
+    look_every: int = option(8)
+    alpha: float = option(0.05)
+    max_regressions: float = option(0.1)
+    futility: list[float] = option(
+        [GateSettings.model_fields["futility"].default],
+        "predictive-futility levels, run side by side on the same outcomes (0 = off)",
     )
-    p.add_argument("--spending-rho", type=float, default=GateSettings.model_fields["spending_rho"].default)
-    p.add_argument("--name", default="gate_efficiency", help="result file: bench/results/NAME.json")
-    args = p.parse_args()
+    spending_rho: float = option(GateSettings.model_fields["spending_rho"].default)
+    name: str = option("gate_efficiency", "result file: bench/results/NAME.json")
+
+
+def run(args: Options) -> None:
 
     cfgs = [
         GateSettings(
@@ -198,22 +187,12 @@ def main() -> None:
                 print(f"  {r['effect']} disagreements — {top}")
     print(f"{seconds:.1f} s")
 
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(
-        json.dumps(
-            {
-                "config": cfg.model_dump(exclude={"futility"}) | {"futility": args.futility},
-                "baseline_success": s,
-                "seed": args.seed,
-                "overall": overall,
-                "seconds": seconds,
-                "rows": rows,
-            },
-            indent=2,
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()
+    doc = {
+        "config": cfg.model_dump(exclude={"futility"}) | {"futility": args.futility},
+        "baseline_success": s,
+        "seed": args.seed,
+        "overall": overall,
+        "seconds": seconds,
+        "rows": rows,
+    }
+    write_result(args.name, doc, args)

@@ -1,7 +1,7 @@
 """Known effects on the real engine: the verify gate admits what helps and refuses what hurts.
 
 The intervention with a large, known effect is a LoRA adapter that taught the shipped
-SmolLM2-135M to play TextWorldExpress coin (`bench/rft_gain.py` trains it: 0/30 → 14/30 on
+SmolLM2-135M to play TextWorldExpress coin (rft_gain trains it: 0/30 → 14/30 on
 the test split). On the dev split, with the same seeds in both arms:
 
 * helps: champion = base model, candidate = base model + adapter  → must be admitted;
@@ -10,7 +10,7 @@ the test split). On the dev split, with the same seeds in both arms:
 Both go through `flows.verify.run_gates`, the group-sequential McNemar gate every skill,
 tool and adapter passes through, against the embedded server.
 
-    .venv/bin/python bench/known_effect.py --adapter DIR [--dev 24] [--max-steps 8] [--temperature 0.8]
+    .venv/bin/python -m bench known_effect --adapter DIR [--dev 24] [--max-steps 8] [--temperature 0.8]
 
 Sampling at T=0.8 with the pairing seeds (as in the real A/A of `aa_gate`): greedy, the
 adapter solved only 3 of 16 coin dev tasks (14/30 test tasks), too few for a paired test on
@@ -19,16 +19,12 @@ adapter solved only 3 of 16 coin dev tasks (14/30 test tasks), too few for a pai
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness import fresh_data_dir, install_champion, option, write_result
 
 
 def run_known_effects(
@@ -41,13 +37,12 @@ def run_known_effects(
 ) -> dict[str, Any]:
     from prefect import flow
 
-    from bench.aa_gate import install_champion
     from ratchet.config import Settings, load_settings
     from ratchet.flows.launch import run_flow
     from ratchet.flows.runtime import model_policy, open_runtime
     from ratchet.flows.verify import gate_evidence, run_gates
 
-    data = data_dir or Path(tempfile.mkdtemp(prefix="ratchet-known-"))
+    data = data_dir or fresh_data_dir("ratchet-known-")
     settings = load_settings(
         {
             "data_dir": data,
@@ -77,15 +72,17 @@ def run_known_effects(
     return run_flow(gates, settings, base_url=base_url) | {"data_dir": str(data)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--adapter", type=Path, required=True, help="a coin LoRA adapter (bench/rft_gain.py)")
-    p.add_argument("--dev", type=int, default=24)
-    p.add_argument("--max-steps", type=int, default=8)
-    p.add_argument("--temperature", type=float, default=0.8, help="both arms' sampling (seeds shared)")
-    p.add_argument("--data-dir", type=Path, default=None, help="reuse (resume) a previous run's state")
-    args = p.parse_args()
-    result = run_known_effects(args.adapter, args.dev, args.max_steps, args.temperature, args.data_dir)
+@dataclass
+class Options:
+    adapter: Path = option(help="a coin LoRA adapter (python -m bench rft_gain)")
+    dev: int = option(24)
+    max_steps: int = option(8)
+    temperature: float = option(0.8, "both arms' sampling (seeds shared)")
+    data_dir: Path | None = option(None, "reuse (resume) a previous run's state")
+
+
+def run(opts: Options) -> None:
+    result = run_known_effects(opts.adapter, opts.dev, opts.max_steps, opts.temperature, opts.data_dir)
     for name in ("helps", "hurts"):
         ev = result[name]
         print(
@@ -93,10 +90,4 @@ def main() -> None:
             f"{ev['regressions']}, p={ev['p_value']:.4f}, {ev['tasks']} tasks, {ev['rollouts']} rollouts, "
             f"{ev['wall_seconds']:.0f} s"
         )
-    out = ROOT / "bench" / "results" / "known_effect.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    write_result("known_effect", result, opts)

@@ -1,7 +1,7 @@
 """llama.cpp's own server, as a comparison anchor for the benches (never an install dependency).
 
-    .venv/bin/python bench/llama_cpp.py build     # fetch the sdist, compile llama-server (~10-20 min)
-    .venv/bin/python bench/llama_cpp.py serve     # serve the shipped GGUF on a free port until Ctrl-C
+    .venv/bin/python -m bench llama_cpp build     # fetch the sdist, compile llama-server (~10-20 min)
+    .venv/bin/python -m bench llama_cpp serve     # serve the shipped GGUF on a free port until Ctrl-C
 
 The source is the llama.cpp that the `llama-cpp-python` sdist vendors, fetched from the package
 registry with `pip download` into `.ratchet/bench/` (the same registry the install uses, so it
@@ -14,7 +14,6 @@ so the anchor uses the same vector units torch's kernels pick at run time on thi
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -23,18 +22,15 @@ import sys
 import tarfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-
-from ratchet.server.launcher import free_port  # noqa: E402
-from ratchet.server.precision import cpu_flags  # noqa: E402
-from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf  # noqa: E402
+from bench.harness import ROOT, option
+from ratchet.server.launcher import free_port
+from ratchet.server.precision import cpu_flags
+from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf
 
 VERSION = "0.3.36"  # llama-cpp-python; its vendor/llama.cpp is what we build
 WORK = ROOT / ".ratchet" / "bench" / f"llama-cpp-python-{VERSION}"
@@ -173,12 +169,16 @@ def llama_server(
             out.close()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["build", "serve"])
-    p.add_argument("--parallel", type=int, default=8)
-    p.add_argument("--lora", type=Path)
-    args = p.parse_args()
+@dataclass
+class Options:
+    command: str = option(
+        help="build: compile llama-server; serve: run it", positional=True, choices=["build", "serve"]
+    )
+    parallel: int = option(8, "serve: slots sharing one batch")
+    lora: Path | None = option(None, "serve: a LoRA adapter (GGUF) to load")
+
+
+def run(args: Options) -> None:
     if args.command == "build":
         print(build())
         return
@@ -188,7 +188,3 @@ def main() -> None:
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(3600)
-
-
-if __name__ == "__main__":
-    main()

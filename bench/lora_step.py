@@ -1,6 +1,6 @@
 """Seconds per LoRA optimizer step and peak memory: ratchet's trainer vs a plain peft loop.
 
-    .venv/bin/python bench/lora_step.py [--steps 6] [--rounds 2] [--batch 8]
+    .venv/bin/python -m bench lora_step [--steps 6] [--rounds 2] [--batch 8]
         [--methods plain ratchet ratchet_bf16 ratchet_autocast]
 
 Both train the same LoRA config (finetune.lora defaults: r=16 on q,k,v,o) on the same batch
@@ -13,9 +13,9 @@ of real training examples (coin expert trajectories replayed into the actor's pr
   (causal-only attention takes the flash kernel), gradients accumulated, the projection only
   on the labelled positions. This batch (one call from each of 8 tasks) shares little but
   the system prompt, so the prefix tree (`finetune.lora.shared_prefixes`) is measured on
-  real batches by bench/bf16_lora.py;
+  real batches by bf16_lora;
 * ratchet_bf16: the same loop with the whole frozen base in bf16 (the adapter stays fp32);
-  as fast, but it loses held-out tasks (bench/bf16_lora.py), so the stage does not use it;
+  as fast, but it loses held-out tasks (bf16_lora), so the stage does not use it;
 * ratchet_autocast: the same loop with an fp32 base, its matrix products in bf16 under
   torch.autocast (norms, residual stream and weights stay fp32): what the fine-tune stage
   does where the CPU has bf16 units (`model.dtype = "auto"`).
@@ -38,12 +38,10 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ratchet.server.precision import native_bf16  # noqa: E402
+from bench.harness import MODELS, RESULTS, ROOT, option, write_result
 
 METHODS = ("plain", "ratchet", "ratchet_bf16", "ratchet_autocast")
 
@@ -70,7 +68,7 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
 
     cfg = load_settings({}).finetune.lora
     dtype = "bfloat16" if method == "ratchet_bf16" else "float32"
-    model, tok = load_for_training(ensure_hf_copy(ROOT / ".ratchet" / "models"), cfg, dtype)
+    model, tok = load_for_training(ensure_hf_copy(MODELS), cfg, dtype)
     data, _ = encode_all(_batch(batch_size), tok, cfg.max_tokens)
     data = sorted(data, key=lambda e: len(e.input_ids))
     mid = len(data) // 2
@@ -101,15 +99,19 @@ def worker(method: str, steps: int, batch_size: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    p.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lora_step.json")
-    args = p.parse_args()
+@dataclass
+class Options:
+    steps: int = option(6, "timed optimizer steps per measurement (after one warm-up step)")
+    rounds: int = option(2)
+    batch: int = option(8, "examples per batch")
+    methods: list[str] = option(list(METHODS), choices=METHODS)
+    worker: str | None = option(None, argparse.SUPPRESS, choices=METHODS)  # one measurement, in a child
+    out: Path = option(RESULTS / "lora_step.json")
+
+
+def run(args: Options) -> None:
+    from ratchet.server.precision import native_bf16
+
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.batch)))
         return
@@ -119,7 +121,9 @@ def main() -> None:
             out = subprocess.run(
                 [
                     sys.executable,
-                    __file__,
+                    "-m",
+                    "bench",
+                    "lora_step",
                     "--worker",
                     method,
                     "--steps",
@@ -130,6 +134,7 @@ def main() -> None:
                 check=True,
                 capture_output=True,
                 text=True,
+                cwd=ROOT,
             ).stdout
             runs[method].append(json.loads(out.strip().splitlines()[-1]))
             print(method, runs[method][-1], flush=True)
@@ -157,10 +162,5 @@ def main() -> None:
     for name, speed in ratios.items():
         a, b = name.split("/")
         print(f"{a} speed = {speed:.2f}x {b} (tokens per second)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     out = {"cpu_bf16": native_bf16(), "runs": runs, "summary": summary, "speed_ratios": ratios}
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    write_result("lora_step", out, args, path=args.out)

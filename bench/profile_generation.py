@@ -14,33 +14,28 @@ settings unless overridden) and accounts for the time three ways:
   (LangGraph, prompts, rules); plus, wherever they run, MLflow calls, the Chroma index
   (embedding included) and the trajectory store.
 
-Prefect's own overhead is measured separately (`bench/explore_overhead.py`: ≤ 2%).
+Prefect's own overhead was measured separately (explore_overhead in bench/RESULTS.md: ≤ 2%).
 
-    .venv/bin/python bench/profile_generation.py [--set KEY=VALUE ...] [--name profile_generation]
-    .venv/bin/python bench/profile_generation.py --report bench/results/profile_generation.json
+    .venv/bin/python -m bench profile_generation [--set KEY=VALUE ...] [--name profile_generation]
+    .venv/bin/python -m bench profile_generation --report bench/results/profile_generation.json
 
 Writes bench/results/NAME.json and prints the tables.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
-import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness import embedded_server, fresh_data_dir, option, server_stats, write_result
 
 SERVER_PARTS = ("prefill_seconds", "decode_seconds", "grammar_seconds", "kv_seconds")
 _thread = threading.local()  # in_rollout: this thread is inside run_rollout
@@ -110,32 +105,24 @@ def instrument(clocks: Clocks) -> None:
             clocks.wrap(mlflow, attr, "mlflow")
 
 
-def server_stats(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=30) as r:  # noqa: S310 - loopback
-        doc = json.loads(r.read())
-    return {k: float(v) for k, v in doc.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+@dataclass
+class Options:
+    overrides: list[str] = option([], "settings overrides", flags=("--set",), nargs="*", metavar="KEY=VALUE")
+    name: str = option("profile_generation", "results file name under bench/results")
+    report: Path | None = option(None, "only print the tables of a results file")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings overrides")
-    p.add_argument("--name", default="profile_generation", help="results file name under bench/results")
-    p.add_argument("--report", type=Path, default=None, help="only print the tables of a results file")
-    args = p.parse_args()
-    from ratchet.runtime_env import stop_on_signals
-
-    stop_on_signals()  # a killed run stops its servers
+def run(args: Options) -> None:
     if args.report is not None:
         print(report(json.loads(args.report.read_text())))
         return
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from ratchet.config import load_settings
     from ratchet.flows import evolve
-    from ratchet.server.launcher import EmbeddedServer
 
-    data = Path(tempfile.mkdtemp(prefix="ratchet-profile-"))
+    data = fresh_data_dir("ratchet-profile-")
     overrides: dict[str, Any] = {"data_dir": data}
-    for kv in args.set:
+    for kv in args.overrides:
         key, _, value = kv.partition("=")
         overrides[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
     settings = load_settings(overrides)
@@ -144,7 +131,7 @@ def main() -> None:
     stages: list[dict[str, Any]] = []
     run_stage = evolve.run_stage
 
-    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs", dtype=settings.model.dtype) as url:
+    with embedded_server(data / "logs", dtype=settings.model.dtype) as url:
 
         def profiled(settings: Any, name: str, generation: int, url: str) -> Any:
             before, client, started = server_stats(url), clocks.snapshot(), time.perf_counter()
@@ -174,8 +161,7 @@ def main() -> None:
         "stages": stages,
         "rows": rows,
     }
-    out = ROOT / "bench" / "results" / f"{args.name}.json"
-    out.write_text(json.dumps(doc, indent=2, default=str))
+    write_result(args.name, doc, args)
     print(report(doc))
 
 
@@ -217,7 +203,3 @@ def report(doc: dict[str, Any]) -> str:
             f"| {k} | {client.get(k, 0.0):.0f} | (wall: {100 * client.get(k, 0.0) / w:.1f}% of the run) |"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

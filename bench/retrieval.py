@@ -1,7 +1,9 @@
-"""Skill selection latency: `SkillRetriever.select` (k=3, 400-token budget) over an index of N
-synthetic skills, for task-like queries.
+"""Skill selection latency: `SkillRetriever.select` over an index of N synthetic skills.
 
-    .venv/bin/python bench/retrieval.py [--sizes 1000 50000] [--queries 200] [--dir DIR]
+`SkillRetriever.select` (k=3, 400-token budget) over an index of N synthetic skills, for
+task-like queries.
+
+    .venv/bin/python -m bench retrieval [--sizes 1000 50000] [--queries 200] [--dir DIR]
 
 The skills are procedures and guardrails for text games and arithmetic, generated
 deterministically from templates with varied vocabulary, 70-140 estimated tokens each
@@ -18,19 +20,16 @@ Writes bench/results/retrieval.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ratchet.types import SkillText  # noqa: E402
+from bench.harness import option, write_result
+from ratchet.types import SkillText
 
 # ---------------------------------------------------------------- synthetic skills
 
@@ -261,24 +260,19 @@ def bench_size(n: int, queries: list[str], root: Path, k: int, budget: int) -> d
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 50000])
-    p.add_argument("--queries", type=int, default=200)
-    p.add_argument("--dir", type=Path, default=None, help="keep built indexes here and reuse them")
-    p.add_argument("--k", type=int, default=3)
-    p.add_argument("--budget", type=int, default=400)
-    args = p.parse_args()
+@dataclass
+class Options:
+    sizes: list[int] = option([1000, 50000], "skills in the index, one row each")
+    queries: int = option(200, "distinct instructions per column")
+    dir: Path | None = option(None, "keep built indexes here and reuse them")
+    k: int = option(3)
+    budget: int = option(400, "token budget of the selected skills")
+
+
+def run(args: Options) -> None:
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="ratchet-bench-retrieval-"))
     queries = make_queries(3 * args.queries)  # champion, A/B arm, embedding alone
     rows = [bench_size(n, queries, root, args.k, args.budget) for n in args.sizes]
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
     result = {"k": args.k, "token_budget": args.budget, "queries": args.queries, "sizes": rows}
-    (out / "retrieval.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {out / 'retrieval.json'}")
-
-
-if __name__ == "__main__":
-    main()
+    write_result("retrieval", result, args)

@@ -1,6 +1,6 @@
 """One round of rejection-sampling fine-tuning (RFT): held-out test success before and after.
 
-    .venv/bin/python bench/rft_gain.py [--targets textworld-express:coin reasoning-gym:basic_arithmetic]
+    .venv/bin/python -m bench rft_gain [--targets textworld-express:coin reasoning-gym:basic_arithmetic]
                                        [--train 40] [--k 4] [--test 30] [--epochs 3] [--experts]
 
 For each target (one suite subset), on one embedded server:
@@ -21,36 +21,51 @@ expert trajectories are added and the result says so.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness import (
+    MODELS,
+    RESULTS,
+    bench_settings,
+    embedded_server,
+    fresh_data_dir,
+    option,
+    write_result,
+)
 
 
-def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> dict[str, Any]:
+@dataclass
+class Options:
+    targets: list[str] = option(["textworld-express:coin", "reasoning-gym:basic_arithmetic"])
+    train: int = option(40, "train tasks per target")
+    k: int = option(4, "explore rollouts per train task")
+    test: int = option(30, "held-out test tasks per target")
+    epochs: int = option(3)
+    experts: bool = option(False, "also train on expert trajectories")
+    data: Path | None = option(None, "data dir to reuse (finished rollouts are not played again)")
+    out: Path = option(RESULTS / "rft_gain.json")
+
+
+def run_target(target: str, args: Options, url: str, data: Path) -> dict[str, Any]:
     from prefect import flow
     from scipy.stats import binomtest
 
-    from ratchet.config import load_settings
     from ratchet.flows.evaluate import evaluate_stage
     from ratchet.flows.explore import explore_stage
     from ratchet.flows.finetune import train_successes, training_dataset
     from ratchet.flows.launch import run_flow
     from ratchet.flows.runtime import open_runtime
-    from ratchet.runtime_env import prepare_environment
     from ratchet.server.launcher import ensure_adapter
     from ratchet.training.lora import fit_adapter
     from ratchet.training.registry import adapter_sha256
 
-    settings = load_settings(
+    settings = bench_settings(
+        data / target.replace(":", "-"),
         {
-            "data_dir": data / target.replace(":", "-"),
             "suite": target,
             "splits.train": args.train,
             "splits.test": args.test,
@@ -59,9 +74,8 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
             "finetune.experts": args.experts,
             "finetune.lora.epochs": args.epochs,
             "concurrency": 8,
-        }
+        },
     )
-    prepare_environment(settings)
     timings: dict[str, float] = {}
 
     @flow(name="rft-before-and-explore", validate_parameters=False)
@@ -98,7 +112,7 @@ def run_target(target: str, args: argparse.Namespace, url: str, data: Path) -> d
     t0 = time.perf_counter()
     if not (adapter_dir / "adapter_model.safetensors").is_file():  # a rerun with --data reuses it
         trained, too_long = fit_adapter(
-            ROOT / ".ratchet" / "models",  # the server's copy: converted once
+            MODELS,  # the server's copy: converted once
             dataset.examples,
             adapter_dir,
             settings.finetune.lora,
@@ -163,25 +177,10 @@ def _vs_cell(r: dict[str, Any]) -> str:
     return "—" if vs is None else f"better {vs['better']} / worse {vs['worse']}, p = {vs['p_value']}"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument(
-        "--targets", nargs="+", default=["textworld-express:coin", "reasoning-gym:basic_arithmetic"]
-    )
-    p.add_argument("--train", type=int, default=40, help="train tasks per target")
-    p.add_argument("--k", type=int, default=4, help="explore rollouts per train task")
-    p.add_argument("--test", type=int, default=30, help="held-out test tasks per target")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--experts", action="store_true", help="also train on expert trajectories")
-    p.add_argument("--data", type=Path, help="data dir to reuse (finished rollouts are not played again)")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rft_gain.json")
-    args = p.parse_args()
-
-    from ratchet.server.launcher import EmbeddedServer
-
-    data = args.data or Path(tempfile.mkdtemp(prefix="ratchet-rft-"))  # a rerun with --data resumes
+def run(args: Options) -> None:
+    data = args.data or fresh_data_dir("ratchet-rft-")  # a rerun with --data resumes
     rows = []
-    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
+    with embedded_server(data / "logs") as url:
         for target in args.targets:
             rows.append(run_target(target, args, url, data))
     print(
@@ -201,9 +200,4 @@ def main() -> None:
             f"| {r['after']}/{n} {r['after_ci95']} | {r['gain_points']:+} pts | {r['repairs']} / "
             f"{r['regressions']} | {r['mcnemar_p']} | {_random_cell(r)} | {_vs_cell(r)} |"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    write_result("rft_gain", {"rows": rows}, args, path=args.out)

@@ -13,50 +13,55 @@ This is not the gate: nothing here decides anything, and the test split is never
 (the rules are mined from train only). It answers one question, whether the candidate kind
 can move a policy that ignores its prompt, before paying for whole evolutions.
 
-    .venv/bin/python bench/rule_gain.py [--families textworld-express:coin ...] [--train 12]
+    .venv/bin/python -m bench rule_gain [--families textworld-express:coin ...] [--train 12]
         [--rollouts 4] [--test 30] [--out bench/results/rule_gain.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.harness import (
+    RESULTS,
+    bench_settings,
+    embedded_server,
+    fresh_data_dir,
+    option,
+    paired,
+    write_result,
+)
 
 FAMILIES = ["textworld-express:coin", "textworld-express:mapreader"]
 
 
-def paired(base: dict[str, float], arm: dict[str, float]) -> dict[str, Any]:
-    """Repairs and regressions of `arm` against `base`, task by task, with the exact McNemar p."""
-    from ratchet.skills.intervention import binomial_p_value
+@dataclass
+class Options:
+    families: list[str] = option(FAMILIES)
+    train: int = option(12, "train tasks explored per family")
+    rollouts: int = option(4, "explore rollouts per train task")
+    test: int = option(30, "held-out test tasks per family")
+    min_tasks: int = option(3, "distinct train tasks a rule needs")
+    top: int = option(3, "rules per family")
+    seeds: int = option(5, "random-policy episodes per test task")
+    concurrency: int = option(8)
+    out: Path = option(RESULTS / "rule_gain.json")
 
-    repairs = sum(1 for t, v in arm.items() if v > base.get(t, 0.0))
-    regressions = sum(1 for t, v in arm.items() if v < base.get(t, 0.0))
-    p = binomial_p_value(repairs, repairs + regressions) if repairs + regressions else 1.0
-    return {"repairs": repairs, "regressions": regressions, "p_value": p}
 
-
-def run_family(family: str, args: argparse.Namespace, url: str, data: Path) -> dict[str, Any]:
+def run_family(family: str, args: Options, url: str, data: Path) -> dict[str, Any]:
     from prefect import flow
 
-    from ratchet.config import load_settings
     from ratchet.flows.diagnose import diagnose_stage
     from ratchet.flows.evaluate import evaluate_stage
     from ratchet.flows.explore import explore_stage
     from ratchet.flows.runtime import open_runtime
-    from ratchet.runtime_env import prepare_environment
     from ratchet.skills.rule_mining import mine_rules
 
-    settings = load_settings(
+    settings = bench_settings(
+        data / family.replace(":", "-"),
         {
-            "data_dir": data / family.replace(":", "-"),
             "suite": family,
             "splits.train": args.train,
             "splits.test": args.test,
@@ -65,9 +70,8 @@ def run_family(family: str, args: argparse.Namespace, url: str, data: Path) -> d
             "diagnose.judge": False,
             "evaluate.baseline_seeds": args.seeds,
             "concurrency": args.concurrency,
-        }
+        },
     )
-    prepare_environment(settings)
 
     @flow(name="rule-gain", validate_parameters=False)
     def one_family() -> dict[str, Any]:
@@ -152,37 +156,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--families", nargs="+", default=FAMILIES)
-    p.add_argument("--train", type=int, default=12, help="train tasks explored per family")
-    p.add_argument("--rollouts", type=int, default=4, help="explore rollouts per train task")
-    p.add_argument("--test", type=int, default=30, help="held-out test tasks per family")
-    p.add_argument("--min-tasks", type=int, default=3, help="distinct train tasks a rule needs")
-    p.add_argument("--top", type=int, default=3, help="rules per family")
-    p.add_argument("--seeds", type=int, default=5, help="random-policy episodes per test task")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rule_gain.json")
-    args = p.parse_args()
-    from ratchet.runtime_env import stop_on_signals
-
-    stop_on_signals()  # a killed run stops its servers
-
-    from ratchet.server.launcher import EmbeddedServer
-
-    data = Path(tempfile.mkdtemp(prefix="ratchet-rule-gain-"))
+def run(args: Options) -> None:
+    data = fresh_data_dir("ratchet-rule-gain-")
     rows = []
     started = time.perf_counter()
-    with EmbeddedServer(ROOT / ".ratchet" / "models", data / "logs") as url:
+    with embedded_server(data / "logs") as url:
         for family in args.families:
             rows.append(run_family(family, args, url, data))
             print(f"{family}: done at {time.perf_counter() - started:.0f} s", flush=True)
     print(table(rows))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "families": rows}
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    write_result("rule_gain", {"families": rows}, args, path=args.out)

@@ -6,33 +6,40 @@ fresh data dir, in float32 (where the server's batching cannot change a sampled 
 keeps every stored trajectory's id, split, generation, arm and outcome, and every candidate's
 final status, as a JSON file. Run it on two checkouts and compare the files:
 
-    .venv/bin/python bench/same_trajectories.py --out bench/results/same_trajectories_before.json
+    .venv/bin/python -m bench same_trajectories --out bench/results/same_trajectories_before.json
     ... (change the code) ...
-    .venv/bin/python bench/same_trajectories.py --out bench/results/same_trajectories_after.json
-    .venv/bin/python bench/same_trajectories.py --compare bench/results/same_trajectories_before.json \
+    .venv/bin/python -m bench same_trajectories --out bench/results/same_trajectories_after.json
+    .venv/bin/python -m bench same_trajectories --compare bench/results/same_trajectories_before.json \
         bench/results/same_trajectories_after.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import RESULTS, ROOT, fresh_data_dir, option, write_result
 
 
-def play(args: argparse.Namespace) -> dict[str, Any]:
-    data = Path(tempfile.mkdtemp(prefix="same-traj-"))
-    shared = ROOT / ".ratchet" / "models"
-    if shared.exists():  # the converted model of an earlier run, not converted again
-        (data / "models").parent.mkdir(parents=True, exist_ok=True)
-        (data / "models").symlink_to(shared, target_is_directory=True)
+@dataclass
+class Options:
+    train: int = option(2, "train tasks")
+    k: int = option(2, "explore rollouts per train task", flags=("-k",))
+    test: int = option(4, "test tasks")
+    dev: int = option(8, "dev tasks")
+    out: Path = option(RESULTS / "same_trajectories.json", "where the run's trajectories go")
+    compare: list[Path] | None = option(
+        None, "compare two such files: exit 0 if the same", nargs=2, metavar=("A", "B")
+    )
+
+
+def play(args: Options) -> dict[str, Any]:
+    data = fresh_data_dir("same-traj-")  # the converted model of an earlier run, not converted again
     env = {**os.environ, "RATCHET_MODEL__DTYPE": "float32"}
     cmd = [
         str(ROOT / ".venv" / "bin" / "ratchet"),
@@ -84,7 +91,6 @@ def play(args: argparse.Namespace) -> dict[str, Any]:
             rec = json.loads(line)
             statuses[f"{path.parent.name}/{rec['name']}"] = str(rec["to_status"])
     return {
-        "args": vars(args) | {"out": str(args.out)},
         "wall_seconds": round(wall, 1),
         "trajectories": rows,
         "candidates": statuses,
@@ -114,25 +120,10 @@ def compare(a: Path, b: Path) -> int:
     return 0 if not (only[0] or only[1] or differ) and same_candidates else 1
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--train", type=int, default=2)
-    parser.add_argument("-k", type=int, default=2)
-    parser.add_argument("--test", type=int, default=4)
-    parser.add_argument("--dev", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "same_trajectories.json")
-    parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"))
-    args = parser.parse_args()
+def run(args: Options) -> int:
     if args.compare:
         return compare(*args.compare)
     result = play(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_result("same_trajectories", result, args, path=args.out, indent=1)  # {"args": ..., **result}
     print(f"{len(result['trajectories'])} trajectories in {result['wall_seconds']} s → {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

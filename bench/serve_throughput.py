@@ -1,9 +1,10 @@
-"""Prefill and decode throughput of ratchet's embedded server at 1, 4 and 8 concurrent
-requests, next to raw batched `generate` in this process and, with `--anchor`, llama.cpp's own
-server on the same GGUF, interleaved in one run (the machine is shared and noisy: compare
-ratios, not absolute numbers).
+"""Prefill and decode tokens/s of the embedded server at 1, 4 and 8 concurrent requests.
 
-    .venv/bin/python bench/serve_throughput.py [--tokens 96] [--prompt-words 400] [--rounds 3] [--anchor]
+Next to raw batched `generate` in this process and, with `--anchor`, llama.cpp's own server
+on the same GGUF, interleaved in one run (the machine is shared and noisy: compare ratios,
+not absolute numbers).
+
+    .venv/bin/python -m bench serve_throughput [--tokens 96] [--prompt-words 400] [--rounds 3] [--anchor]
 
 * decode: every request generates exactly --tokens tokens (`ignore_eos`), greedy, from short
   distinct prompts; aggregate completion tokens per second of wall.
@@ -12,33 +13,28 @@ ratios, not absolute numbers).
   prompt tokens per second of wall, as each server counts them (same GGUF tokenizer).
 
 `--anchor` builds llama-server once from the llama.cpp that the llama-cpp-python sdist vendors
-(`bench/llama_cpp.py`, 10-20 min the first time) and runs it with 2 threads and 8 slots.
+(`python -m bench llama_cpp build`, 10-20 min the first time) and runs it with 2 threads and 8 slots.
 Goals: ratchet at 8 concurrent >= 3x one request and >= 0.8x raw batched generate (decode);
 ratchet >= 1.0x llama.cpp at 8 concurrent, prefill and decode.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 
 import httpx
-import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ratchet.server.launcher import EmbeddedServer, served_dtype  # noqa: E402
-from ratchet.server.weights import BASE_MODEL_NAME, ensure_hf_copy  # noqa: E402
+from bench.harness import MODELS, RESULTS, embedded_server, option, write_result
+from ratchet.server.weights import BASE_MODEL_NAME
 
 PROMPTS = [f"Write a long story about robot number {i} who learns to cook." for i in range(8)]
 # words of the kind an agent's prompt is made of (rooms, objects, moves), drawn at random
@@ -99,6 +95,8 @@ def prefill_tps(url: str, concurrency: int, words: int) -> float:
 
 
 def raw_tps(model: object, tok: object, batch: int, tokens: int) -> float:
+    import torch
+
     texts = [
         tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
         for p in PROMPTS[:batch]
@@ -124,32 +122,33 @@ def _ratio(med: dict[str, float], a: str, b: str) -> float | None:
     return round(med[a] / med[b], 2) if a in med and b in med else None
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=96)
-    p.add_argument("--prompt-words", type=int, default=400)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument(
-        "--anchor", action="store_true", help="also measure llama.cpp's server (built on first use)"
-    )
-    p.add_argument("--no-raw", action="store_true", help="skip raw generate in this process")
-    p.add_argument(
-        "--dtypes",
-        nargs="+",
-        default=["auto"],
+@dataclass
+class Options:
+    tokens: int = option(96, "decode: tokens generated per request")
+    prompt_words: int = option(400, "prefill: words per fresh prompt")
+    rounds: int = option(3)
+    anchor: bool = option(False, "also measure llama.cpp's server (built on first use)")
+    raw: bool = option(True, "raw batched generate in this process (--no-raw: skip it)")
+    dtypes: list[str] = option(
+        ["auto"],
+        "one embedded server per number format (`model.dtype`), side by side",
         choices=["float32", "auto", "bfloat16"],
-        help="one embedded server per number format (`model.dtype`), side by side",
     )
-    p.add_argument("--models-dir", type=Path, default=ROOT / ".ratchet" / "models")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve_throughput.json")
-    args = p.parse_args()
+    models_dir: Path = option(MODELS)
+    out: Path = option(RESULTS / "serve_throughput.json")
 
+
+def run(args: Options) -> None:
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ratchet.server.launcher import served_dtype
+    from ratchet.server.weights import ensure_hf_copy
 
     torch.set_num_threads(2)  # the servers use 2 threads too
     model_dir = ensure_hf_copy(args.models_dir)
     model = tok = None
-    if not args.no_raw:
+    if args.raw:
         tok = AutoTokenizer.from_pretrained(model_dir)
         tok.padding_side = "left"
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -163,7 +162,7 @@ def main() -> None:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         servers = {
             ("ratchet" if len(args.dtypes) == 1 else f"ratchet_{dtype}"): stack.enter_context(
-                EmbeddedServer(args.models_dir, logs / dtype, dtype=dtype)
+                embedded_server(logs / dtype, dtype=dtype, models=args.models_dir)
             )
             for dtype in args.dtypes
         }
@@ -213,9 +212,4 @@ def main() -> None:
             n: {m: _ratio(med, f"{n}_{m}", f"{first}_{m}") for m in METRICS} for n in others
         }
     print(json.dumps(summary, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    write_result("serve_throughput", summary, args, path=args.out)

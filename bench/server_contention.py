@@ -1,7 +1,9 @@
-"""The embedded server's decode throughput with and without a busy neighbour process, for
+"""Decode tokens/s beside a busy neighbour process: OpenMP spinning (ACTIVE) vs PASSIVE.
+
+The embedded server's decode throughput with and without a busy neighbour process, for
 OpenMP's default (spinning) wait policy vs PASSIVE, interleaved in one run.
 
-    .venv/bin/python bench/server_contention.py [--rounds 2]
+    .venv/bin/python -m bench server_contention [--rounds 2]
 
 Why: on 2 shared cores, a second CPU-bound process slowed explore ~4x. Each configuration
 starts a fresh server (the policy is read at process start), 8 concurrent 48-token greedy
@@ -10,22 +12,18 @@ requests, median aggregate tokens/s over `--rounds`.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ratchet.server.launcher import EmbeddedServer  # noqa: E402
+from bench.harness import ROOT, embedded_server, option, write_result
 
 
 def throughput(url: str, n: int = 8, tokens: int = 48, rounds: int = 2) -> float:
@@ -48,18 +46,20 @@ def throughput(url: str, n: int = 8, tokens: int = 48, rounds: int = 2) -> float
     return statistics.median(rates)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--models-dir", type=Path, default=ROOT / ".ratchet" / "test-models")
-    args = p.parse_args()
+@dataclass
+class Options:
+    rounds: int = option(2)
+    models_dir: Path = option(ROOT / ".ratchet" / "test-models")
+
+
+def run(args: Options) -> None:
     results: dict[str, float] = {}
     for neighbour in ("quiet", "busy"):
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if neighbour == "busy" else None
         try:
             for policy in ("ACTIVE", "PASSIVE"):
                 os.environ["OMP_WAIT_POLICY"] = policy
-                server = EmbeddedServer(args.models_dir, ROOT / ".ratchet" / "bench-logs")
+                server = embedded_server(ROOT / ".ratchet" / "bench-logs", models=args.models_dir)
                 url = server.start()
                 try:
                     throughput(url, n=2, tokens=8, rounds=1)  # warm-up
@@ -70,10 +70,4 @@ def main() -> None:
         finally:
             if hog is not None:
                 hog.kill()
-    out = ROOT / "bench" / "results" / "server_contention.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    write_result("server_contention", results, args)

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import random
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from ratchet.diagnosis.attribution import SuccessTree, action_path, attribute, normalize_action
 from ratchet.types import Step, ToolCall, Trajectory
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _traj(
@@ -193,16 +189,8 @@ def test_attribute_ignores_successes_of_other_tasks() -> None:
 
 
 def _bench() -> ModuleType:
-    """bench/attribution.py (not a package): its `play` and `gold_paths` are what is tested."""
-    name = "bench_attribution"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "attribution.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    """bench/attribution.py: its `play` and `gold_paths` are what is tested."""
+    return importlib.import_module("bench.attribution")
 
 
 @pytest.mark.integration

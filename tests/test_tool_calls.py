@@ -207,15 +207,12 @@ LLAMA_SERVER = Path(__file__).resolve().parents[1] / ".ratchet" / "bench"
 
 @pytest.mark.slow
 def test_llama_cpp_server_plays_through_json_tool_calls(tmp_path: Path) -> None:
-    """llama.cpp's own server (built by `python bench/llama_cpp.py build`; skipped if not): the
+    """llama.cpp's own server (built by `python -m bench llama_cpp build`; skipped if not): the
     probe finds it ignores tools, and every step of a greedy game is still a valid call."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.llama_cpp import SERVER_BIN, llama_server
 
     if not SERVER_BIN.exists():
-        pytest.skip("llama-server not built: python bench/llama_cpp.py build")
+        pytest.skip("llama-server not built: python -m bench llama_cpp build")
     with llama_server(parallel=2, log=tmp_path / "llama.log") as url:
         assert probe_tool_calls(url, "smollm2-135m-instruct") == "json"
         games = _play(url, "json")

@@ -373,15 +373,9 @@ def test_a_verified_candidate_left_by_a_killed_run_is_promoted_by_the_next(tmp_p
 def test_aa_gates_on_the_real_engine_admit_at_most_alpha(embedded_server: str, tmp_path: Path) -> None:
     """40 irrelevant candidates against the real model (~20 min on 2 cores; the numbers of one
     run are in bench/RESULTS.md): at most alpha of them may pass."""
-    import importlib.util
+    from bench.aa_gate import run_aa
 
-    spec = importlib.util.spec_from_file_location(
-        "aa_gate", Path(__file__).parents[1] / "bench" / "aa_gate.py"
-    )
-    assert spec is not None and spec.loader is not None
-    aa = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(aa)
-    summary = aa.run_aa(gates=40, data_dir=tmp_path, base_url=embedded_server)
+    summary = run_aa(gates=40, data_dir=tmp_path, base_url=embedded_server)
     assert summary["gates"] == 40
     assert summary["accepted"] <= int(0.05 * 40)
 

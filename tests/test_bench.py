@@ -1,0 +1,109 @@
+"""bench/ as one runner: every benchmark imports, lists and shows its options; results keep
+their arguments. Nothing here runs a benchmark (they take minutes to hours)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, is_dataclass
+from pathlib import Path
+
+import pytest
+
+from bench import harness
+from bench.harness import option
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = harness.names()
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m bench ARGS` from the repository root, as the docs say to run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_kept_benchmarks_are_listed() -> None:
+    kept = {"evolve_gain", "skill_gain", "rule_gain", "rft_gain", "baseline", "gate_efficiency"}
+    kept |= {"dev_budget", "serve_throughput", "server_contention", "retrieval", "known_effect"}
+    kept |= {"attribution", "same_trajectories", "bf16_emulated", "first_run", "profile_generation"}
+    assert kept <= set(NAMES)
+    assert not {"harness", "_evolve", "__init__", "__main__"} & set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_benchmark_imports_with_options_and_run(name: str) -> None:
+    module = importlib.import_module(f"bench.{name}")
+    assert is_dataclass(module.Options) and callable(module.run)
+    assert harness.summary(name), f"bench/{name}.py: its docstring's first line is its line in the list"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_help_of_every_benchmark_exits_0(name: str) -> None:
+    done = _bench(name, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m bench {name}")
+
+
+def test_bench_alone_lists_every_benchmark_with_its_first_docstring_line() -> None:
+    done = _bench()
+    assert done.returncode == 0, done.stderr
+    listed = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+    assert sorted(listed) == NAMES
+    for name in NAMES:
+        assert harness.summary(name) in listed[name]
+
+
+def test_an_unknown_name_is_one_line_and_exit_2() -> None:
+    done = _bench("evolve_gian", "--train", "2")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "evolve_gian" in lines[0] and "evolve_gain" in lines[0]  # the name, and the near one
+
+
+@dataclass
+class _Toy:
+    data: Path = option(help="required")
+    items: list[int] = option([1, 2], "several")
+    k: int = option(4, "short flag", flags=("-k",))
+    flag: bool = option(True, "on unless --no-flag")
+    switch: bool = option(False, "off unless --switch")
+    out: Path | None = option(None)
+    overrides: list[str] = option([], flags=("--set",), nargs="*")
+
+
+def test_options_dataclass_becomes_a_parser() -> None:
+    p = harness.parser(_Toy, "toy", None)
+    args = ["--data", "d", "--items", "3", "4", "-k", "5", "--no-flag", "--switch", "--set", "a=1", "b=2"]
+    toy = _Toy(**vars(p.parse_args(args)))
+    assert toy == _Toy(Path("d"), [3, 4], 5, False, True, None, ["a=1", "b=2"])
+    assert _Toy(**vars(p.parse_args(["--data", "d"]))) == _Toy(Path("d"))
+    with pytest.raises(SystemExit):
+        p.parse_args([])  # --data is required
+
+
+def test_write_result_keeps_the_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "RESULTS", tmp_path)
+    toy = _Toy(Path("/data/run"), [7], out=Path("x.json"))
+    out = harness.write_result("toy", {"rows": [1, 2]}, toy)
+    assert out == tmp_path / "toy.json"
+    doc = json.loads(out.read_text())
+    assert doc == {
+        "args": {
+            "data": "/data/run",
+            "items": [7],
+            "k": 4,
+            "flag": True,
+            "switch": False,
+            "out": "x.json",
+            "overrides": [],
+        },
+        "rows": [1, 2],
+    }
+    elsewhere = harness.write_result("toy", {"n": 1}, toy, path=tmp_path / "sub" / "other.json")
+    assert json.loads(elsewhere.read_text())["args"]["data"] == "/data/run"
