@@ -273,7 +273,7 @@ def compact(task: str, shown: list[AnyMessage]) -> list[AnyMessage]:
     re-prefills from there anyway).
 
     Off by default (`Settings.compact_repeats`): on coin the shipped model lost 4 of 30 test
-    tasks by it, with the latest result shortened or not (bench/compact_obs.py)."""
+    tasks by it, with the latest result shortened or not (bench/results/compact_obs.json)."""
     seen: set[str] = set()
     out: list[AnyMessage] = []
     for i, m in enumerate(shown):

@@ -407,7 +407,7 @@ class Settings(BaseSettings):
         description="past steps shown to the model (trimmed in half-window blocks: prefixes stay cacheable)",
     )
     compact_repeats: bool = Field(
-        # bench/compact_obs.py, coin, 30 test tasks: rollouts 1.3-1.5x faster, but with the
+        # bench/results/compact_obs.json, coin, 30 test tasks: rollouts 1.3-1.5x faster, but with the
         # no-repeat rule 14/30 instead of 18/30 (0 repairs, 4 regressions): off until a policy
         # is shown not to lose by it
         default=False,
@@ -415,7 +415,7 @@ class Settings(BaseSettings):
         "earlier in the history window) is shown as its first sentence and a note: fewer tokens",
     )
     trace_sample_rate: float = Field(
-        # bench/trace_overhead.py: no measurable throughput loss at 0.25 or 1.0; a trace is ~140 KB
+        # bench/results/trace_overhead.json: no measurable throughput loss at 0.25 or 1.0; a trace is ~140 KB
         default=0.25,
         ge=0,
         le=1,

@@ -199,7 +199,7 @@ class EmbeddedServer:
             # team waits for a descheduled thread at every op: 16x slower with one busy
             # neighbour (bench/server_contention.py). The price on a quiet machine is decode
             # at ~0.7x; a machine that runs nothing else can set GOMP_SPINCOUNT=10000 for
-            # it back (bench/decode_arith.py), or OMP_WAIT_POLICY=ACTIVE.
+            # it back (bench/results/decode_arith.json), or OMP_WAIT_POLICY=ACTIVE.
             env["OMP_WAIT_POLICY"] = "PASSIVE"
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(

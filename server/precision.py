@@ -4,7 +4,7 @@ Prefill is most of a generation's wall time, and it is matrix products. CPUs wit
 AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake) or AMX-BF16 (Intel Sapphire Rapids and
 later) run bf16 products with fp32 accumulation at two to three times fp32's rate; without
 them torch emulates bf16 and it is slower than fp32. So `auto` picks bf16 only where those
-units exist (bench/bf16_prefill.py measures the speed; bench/bf16_heldout.py checks, paired on
+units exist (speed: bench/results/bf16_prefill.json; bench/results/bf16_heldout.json checks, paired on
 held-out tasks, that success does not drop).
 
 Why `auto` is the default: bf16 evaluates about 1.6× faster with held-out success within
