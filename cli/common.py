@@ -60,21 +60,20 @@ def change(kind: Literal["skill", "adapter"], name: str, action: Action, reason:
     import getpass
 
     from ratchet.decisions import apply, check_decision, verb
-    from ratchet.flows import agent_versions
     from ratchet.flows.runtime import champion_policy, open_library
-    from ratchet.training.registry import AdapterRegistry
+    from ratchet.kinds import same_name
+    from ratchet.training.registry import ADAPTER, AdapterRegistry
 
     who = by or getpass.getuser()
     check_decision(name, who, reason)  # before any state is opened or created
     settings = load()
+    # MLflow's agent versions follow the decision: open_library subscribes them to the lifecycle
     library, registry = open_library(settings), AdapterRegistry(settings)
     before, was = champion_policy(settings, library).version, registry.champion()
     candidates = library if kind == "skill" else registry
-    mirrors = [agent_versions.decision_mirror(settings, library, who)]
-    outcome = apply(candidates, name, action, who=who, why=reason, mirrors=mirrors)
-    done = f"{verb(action)}: " + ", ".join(
-        outcome.changed if kind == "skill" else (f"adapter v{n}" for n in outcome.changed)
-    )
+    outcome = apply(candidates, name, action, who=who, why=reason)
+    label = same_name if kind == "skill" else ADAPTER.label
+    done = f"{verb(action)}: " + ", ".join(label(n) for n in outcome.changed)
     try:  # the decision is on disk: reading the result back must not turn it into an error
         after, now = champion_policy(settings, library).version, registry.champion()
     except Exception as exc:  # noqa: BLE001 - reported as a warning below
@@ -94,7 +93,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _adapter(v: Any) -> str:
-    return "the base model" if v is None else f"adapter v{v.version}"
+    from ratchet.training.registry import ADAPTER
+
+    return "the base model" if v is None else ADAPTER.label(v.name)
 
 
 @contextmanager

@@ -46,6 +46,7 @@ class Decision(BaseModel):
 
 def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastAPI:
     lib = library or open_library(settings)
+    agent_versions.follow(settings, lib)  # MLflow's agent versions and prompts follow every decision
     app = FastAPI(title="ratchet", docs_url="/api/docs", openapi_url="/api/openapi.json")
     # outermost last: Host/Origin, then the token, then the body's size, all before the body is read
     app.state.token = ensure_token(settings.data_dir)
@@ -150,7 +151,6 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
             raise HTTPException(409, str(exc)) from None
         except RatchetError as exc:  # the lifecycle refused the name, reason or who
             raise HTTPException(422, str(exc)) from None
-        agent_versions.sync(settings, lib, by=decision.by)  # MLflow's agent versions and prompts follow
         return {"changed": changed, "policy_before": before, "policy_after": live()}
 
     @app.post("/api/skills/{name}/{action}")

@@ -30,7 +30,7 @@ from ratchet.lifecycle import Record, latest_evidence
 from ratchet.memory.trajectory_store import TrajectoryStore
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary
-from ratchet.training.registry import AdapterRegistry, AdapterVersion
+from ratchet.training.registry import ADAPTER, AdapterRegistry, AdapterVersion
 from ratchet.types import Trajectory
 
 # What a person may do to a skill in each status (the library enforces it; this picks buttons).
@@ -169,7 +169,7 @@ class DashboardData:
             ChampionEvent(
                 r.at,
                 kind,
-                r.name if kind == "skill" else f"adapter v{r.name}",
+                r.name if kind == "skill" else ADAPTER.label(r.name),
                 f"{r.from_status} → {r.to_status}",
                 r.who,
                 r.why,

@@ -23,16 +23,24 @@ MLflow after every change to what is live, the way a SKILL.md mirrors its audit 
 
 `sync` rewrites the whole mirror from the stores, so it can run after any change by anyone
 (a stage, the CLI, the HTTP API, the `promote` flow) and converges after a kill. It never
-raises: a failure to write MLflow is a warning, and ratchet's own record stands. A person's
-decision (`ratchet.decisions.apply`) takes it as a `decision_mirror`, so that warning is
-reported with the decision ("promoted: a; the MLflow mirror … failed: …; it is retried by
-the next decision or stage") instead of only logged; any later sync repairs it.
+raises: a failure to write MLflow is a warning, and ratchet's own record stands.
+
+Nobody calls it after a decision by hand: `follow` subscribes it to the lifecycle
+(`ratchet.lifecycle.subscribe`) once per data dir, where the skill library is opened
+(`flows/runtime.py:open_library`: the runtime of every stage, the CLI, the HTTP API, the
+`promote` flow). It syncs after every batch of records that holds a decision on a gated
+candidate (from verified, promoted or retired: a person's, or a stage's auto-promotion or
+set check); a filing, a merge's amendment or the gate's verdict on a candidate changes
+nothing live. Inside a stage's generation run the new agent version is linked to that run.
+A failure is the lifecycle's warning line, reported with the decision ("promoted: a; the
+MLflow mirror (agent versions, prompts) failed: …; it is retried by the next decision or
+stage") and logged in a stage; any later sync repairs it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -42,10 +50,12 @@ from mlflow.tracking import MlflowClient
 
 from ratchet.agents.prompts import system_prompt
 from ratchet.config import Settings
-from ratchet.decisions import Mirror
 from ratchet.flows.runtime import champion_policy, model_policy, policy_with
 from ratchet.flows.tracking import EVOLUTION, GENERATION, evolution_run_id, setup_experiment
+from ratchet.flows.tracking import KIND as KIND_TAG
 from ratchet.hashing import content_hash
+from ratchet.kinds import kind_of
+from ratchet.lifecycle import Change, Listener, subscribe
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary
 from ratchet.training.registry import AdapterRegistry, may_have_adapters
@@ -73,20 +83,8 @@ def skill_prompt_name(evolution: str, skill: str) -> str:
 
 
 def skill_template(skill: Skill) -> str:
-    """A skill's live text, as the policy carries it."""
-    if skill.kind == "rule":
-        data = skill.rule_spec().model_dump(mode="json", exclude={"name"})
-        return f"{skill.description}\n\nrule: {json.dumps(data, sort_keys=True)}"
-    if skill.kind == "tool":
-        return (
-            f"{skill.description}\n\nparameters: {json.dumps(skill.tool_spec().parameters, sort_keys=True)}"
-        )
-    if skill.kind == "exemplar":
-        demos = (
-            f"Task: {d.description}\nActions: {'; '.join(d.body.splitlines())}" for d in skill.demo_texts()
-        )
-        return f"{skill.description}\n\n" + "\n\n".join(demos)
-    return f"## {skill.name}\n{skill.description}\n{skill.body.strip()}"
+    """A skill's live text, as the policy carries it (its kind says how: `ratchet.kinds`)."""
+    return kind_of(skill.kind).template(skill)
 
 
 def sync(
@@ -125,14 +123,36 @@ def sync_or_raise(
         return _sync(settings, library, policy, run_id, generation, by)
 
 
-def decision_mirror(settings: Settings, library: SkillLibrary, by: str) -> Mirror:
-    """MLflow's agent versions and prompts as a mirror of a person's decision (the CLI, the
-    `promote` flow, the HTTP API pass it to `ratchet.decisions.apply`)."""
-    return Mirror(
-        "MLflow mirror (agent versions, prompts)",
-        lambda: sync_or_raise(settings, library, by=by),
-        "it is retried by the next decision or stage",
-    )
+MIRROR = "MLflow mirror (agent versions, prompts)"
+MIRROR_RETRY = "it is retried by the next decision or stage"
+LIVE_FROM = frozenset({"verified", "promoted", "retired"})  # a move from these is a decision
+
+
+def follow(settings: Settings, library: SkillLibrary) -> None:
+    """Keep MLflow's agent versions and prompts in line with every decision on this data dir's
+    candidates, skills and adapters (module docstring): subscribed once per data dir (a later
+    call, e.g. the next command in the same process, replaces it)."""
+    roots = {settings.skills_dir.resolve(), settings.adapters_dir.resolve()}
+
+    def notify(changes: Sequence[Change]) -> None:
+        ours = [c.record for c in changes if c.store.root.resolve() in roots]
+        if not any(r.from_status in LIVE_FROM and not r.is_amendment for r in ours):
+            return
+        run_id, generation = generation_of(settings)
+        sync_or_raise(settings, library, run_id=run_id, generation=generation, by=ours[0].who)
+
+    subscribe(Listener(MIRROR, notify, MIRROR_RETRY), key=(MIRROR, str(settings.data_dir.resolve())))
+
+
+def generation_of(settings: Settings) -> tuple[str | None, int | None]:
+    """The active MLflow run and its generation, if it is a generation run of this evolution
+    (a stage): the agent version a decision there makes live is linked to it; elsewhere (a
+    person's decision) to the evolution's parent run."""
+    run = mlflow.active_run()
+    tags = run.data.tags if run is not None else {}
+    if tags.get(KIND_TAG) != "generation" or tags.get(EVOLUTION) != settings.evolution:
+        return None, None
+    return run.info.run_id, int(tags[GENERATION])
 
 
 def _sync(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -92,63 +93,250 @@ def graph_task(graph: Any, state: dict[str, Any], label: str) -> dict[str, Any]:
     return graph.invoke(state, config={"run_name": label})
 
 
-def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
+# ------------------------------------------------------------------ candidate sources
+
+
+@dataclass(frozen=True)
+class Job:
+    """A draft a graph writes (the distiller, the toolsmith, the rule proposer): run as a
+    Prefect task (`graph_task`), its final state turned into a Skill by `to_skill`."""
+
+    label: str
+    graph: Any
+    state: dict[str, Any]
+
+
+Draft = Skill | Job  # a Skill is mined (no model call) and filed as it is
+
+
+@dataclass
+class Evidence:
+    """What every candidate source reads: the generation's train rollouts per family, their
+    diagnoses and failure clusters, the teacher's graphs; what a source refuses goes to
+    `drop`. Shared work (a family's screen, wins and mined patterns) is done once."""
+
+    rt: LoopRuntime
+    generation: int
+    families: dict[str, list[Trajectory]] = field(default_factory=dict)  # "suite:subset" -> rollouts
+    diagnoses: list[Diagnosis] = field(default_factory=list)
+    clusters: dict[str, list[Diagnosis]] = field(default_factory=dict)
+    keys: dict[str, Any] = field(default_factory=dict)  # trajectory id -> what failed (`diagnosis.keys`)
+    teacher: Any | None = None  # None: no teacher (`distill.teacher` off)
+    distiller: Any = None
+    toolsmith: Any = None
+    proposer: Any | None = None  # the rule proposer: a configured teacher and `distill.teacher_rules`
+    dropped: list[dict[str, Any]] = field(default_factory=list)
+    _cache: dict[Any, Any] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Settings:
+        return self.rt.settings
+
+    def drop(self, job: str, problems: list[str]) -> None:
+        self.dropped.append({"job": job, "problems": problems})
+
+    def _once(self, key: Any, make: Any) -> Any:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def screen(self, family: str) -> Screen:
+        """The injection screen built from the family's trajectories."""
+        return self._once(("screen", family), lambda: Screen.from_trajectories(self.families[family]))
+
+    def wins(self, family: str) -> list[Trajectory]:
+        """The family's finished successes of this generation."""
+        return self._once(
+            ("wins", family),
+            lambda: [t for t in self.families[family] if t.success and t.status == "finished"],
+        )
+
+    def patterns(self, family: str) -> list[Any]:
+        """Action patterns mined from the family's wins (`skills/mining.py`)."""
+        s = self.settings.distill
+        return self._once(
+            ("patterns", family),
+            lambda: mine_patterns(self.wins(family), min_tasks=s.min_tasks, top=s.patterns),
+        )
+
+    def solved(self) -> tuple[list[Trajectory], Screen]:
+        """Every solved train task of the evolution up to this generation, and their screen."""
+
+        def make() -> tuple[list[Trajectory], Screen]:
+            found = self.rt.store.query(
+                evolution=self.settings.evolution, split="train", success=True, status="finished"
+            )
+            wins = [t for t in found if t.generation <= self.generation]
+            return wins, Screen.from_trajectories(wins)
+
+        return self._once("solved", make)
+
+
+DraftFn = Callable[[Evidence, str], list[Draft]]  # (evidence, family) -> drafts
+
+
+@dataclass(frozen=True)
+class Source:
+    """A named source of candidate drafts for one family: `draft(evidence, family)`."""
+
+    name: str
+    draft: DraftFn
+
+
+# The sources distill reads, in order. Mined drafts (Skills) are filed first, source by source
+# over the families; graph jobs run after, family by family over the sources. A new kind adds
+# its source with one line: `SOURCES.append(Source("<kind>", draft_<kind>))`.
+SOURCES: list[Source] = []
+
+
+def source(name: str) -> Callable[[DraftFn], DraftFn]:
+    """Register the decorated function as source `name` (at the end of `SOURCES`)."""
+
+    def register(draft: DraftFn) -> DraftFn:
+        SOURCES.append(Source(name, draft))
+        return draft
+
+    return register
+
+
+@source("rules")
+def rules(ev: Evidence, family: str) -> list[Draft]:
+    """Action rules mined from the family's attributed failures and stagnation (no model)."""
+    s = ev.settings
+    found: list[Draft] = []
+    screen = ev.screen(family)
+    found_rules = mine_rules(
+        family, ev.families[family], ev.diagnoses, s.distill.min_tasks, top=s.distill.rules
+    )
+    for mined in found_rules:
+        skill = rule_skill(mined, family, s.evolution, ev.generation)
+        if problems := screen.problems(f"{skill.description}\n{skill.body}"):
+            ev.drop(f"rule {mined.name}", problems)
+        else:
+            found.append(skill)
+    return found
+
+
+@source("procedure")
+def procedures(ev: Evidence, family: str) -> list[Draft]:
+    """One procedure per family with mined patterns, written up by the distiller."""
+    patterns = ev.patterns(family)
+    if not patterns:
+        return []
+    ids = sorted({i for p in patterns for i in p.trajectory_ids})
+    lengths = [len(action_path(t)) for t in ev.wins(family)]
+    job = ProcedureJob(family, patterns, lengths, ids)
+    return [Job(f"procedure {family}", ev.distiller, {"job": job, "screen": ev.screen(family)})]
+
+
+@source("guardrail")
+def guardrails(ev: Evidence, family: str) -> list[Draft]:
+    """One guardrail per failure cluster of the family with at least `diagnose.min_cluster` members."""
+    found: list[Draft] = []
+    for cid, members in sorted(ev.clusters.items()):
+        if family_of(members[0].task_id) == family and len(members) >= ev.settings.diagnose.min_cluster:
+            key = cluster_key([ev.keys[d.trajectory_id] for d in members])
+            job = GuardrailJob(family, members[0].mode, members, key=key)
+            found.append(Job(f"guardrail {cid}", ev.distiller, {"job": job, "screen": ev.screen(family)}))
+    return found
+
+
+@source("macro")
+def macros(ev: Evidence, family: str) -> list[Draft]:
+    """The best parameterized patterns as macro tools (`distill.tools`), by the toolsmith."""
+    found: list[Draft] = []
+    for p in [p for p in ev.patterns(family) if p.params][: ev.settings.distill.tools]:
+        verbs = [next(iter(a.args.values()), a.tool).split()[0] for a in p.actions]
+        job = MacroJob(slug(p.family.split(":", 1)[-1], "macro", *verbs[:4]), p)
+        found.append(Job(f"macro {family}", ev.toolsmith, {"job": job, "screen": ev.screen(family)}))
+    return found
+
+
+@source("function")
+def functions(ev: Evidence, family: str) -> list[Draft]:
+    """For a question-answer family, a teacher-written function tool (with a teacher only)."""
+    if ev.teacher is None or (job := function_job(family, ev.wins(family))) is None:
+        return []
+    return [Job(f"function {family}", ev.toolsmith, {"job": job, "screen": ev.screen(family)})]
+
+
+@source("proposed-rule")
+def proposed_rules(ev: Evidence, family: str) -> list[Draft]:
+    """One rule a configured teacher proposes from the family's attributed failures."""
+    if ev.proposer is None or (job := rule_job(family, ev.families[family], ev.diagnoses)) is None:
+        return []
+    return [Job(f"rule {family}", ev.proposer, {"job": job, "screen": ev.screen(family)})]
+
+
+@source("exemplar")
+def exemplars(ev: Evidence, family: str) -> list[Draft]:
+    """One exemplar set per family: its own solved train tasks of every generation so far, if
+    they span `distill.min_tasks` tasks (a set equal to one already filed merges into it)."""
+    s = ev.settings
+    if s.distill.exemplars <= 0:
+        return []
+    wins, screen = ev.solved()
+    demos = []  # a solved task whose text carries an injected instruction is not shown
+    for demo in pick_demos(family, wins, len(wins)):
+        # each text on its own: "... your final answer only." then "answer: 42" is no
+        # instruction, but joined they would read "only answer"
+        parts = (demo.task, *demo.actions)
+        if problems := sorted({p for part in parts for p in screen.problems(part, copies=False)}):
+            ev.drop(f"exemplar {demo.trajectory}", problems)
+        elif len(demos) < s.distill.exemplars:
+            demos.append(demo)
+    if len(demos) < s.distill.min_tasks:  # one per task
+        return []
+    return [exemplar_skill(family, demos, s.evolution, ev.generation)]
+
+
+def gather(rt: LoopRuntime, generation: int, dropped: list[dict[str, Any]]) -> Evidence:
+    """The evidence of `generation` the sources draft from."""
     s = rt.settings
-    assert rt.library is not None
     rows = rt.store.query(evolution=s.evolution, generation=generation, split="train")
     families: dict[str, list[Trajectory]] = defaultdict(list)
     for t in rows:
         families[f"{t.suite}:{t.subset}"].append(t)
-    clusters: dict[str, list] = defaultdict(list)
+    clusters: dict[str, list[Diagnosis]] = defaultdict(list)
     diagnoses = rt.store.diagnoses(s.evolution, generation)
     for d in diagnoses:
         if d.cluster is not None:
             clusters[d.cluster].append(d)
     keys = dict(zip((d.trajectory_id for d in diagnoses), failure_keys(diagnoses, rows), strict=True))
     teacher = rt.teacher if s.distill.teacher else None
-    distiller, toolsmith = build_distiller(teacher), build_toolsmith(teacher)
     configured = bool(s.teacher.endpoint or s.teacher.name)  # not the policy's own model
     wanted = configured and s.distill.teacher_rules
     proposer = build_rule_proposer(teacher) if teacher is not None and wanted else None
+    return Evidence(
+        rt,
+        generation,
+        families=dict(families),
+        diagnoses=diagnoses,
+        clusters=dict(clusters),
+        keys=keys,
+        teacher=teacher,
+        distiller=build_distiller(teacher),
+        toolsmith=build_toolsmith(teacher),
+        proposer=proposer,
+        dropped=dropped,
+    )
+
+
+def distill_stage(rt: LoopRuntime, generation: int) -> DistillResult:
+    assert rt.library is not None
     out = DistillResult()
-    jobs: list[tuple[str, Any, dict[str, Any]]] = []
-    rules: list[Skill] = []
-    for family, trajs in sorted(families.items()):
-        screen = Screen.from_trajectories(trajs)
-        for mined in mine_rules(family, trajs, diagnoses, s.distill.min_tasks, top=s.distill.rules):
-            skill = rule_skill(mined, family, s.evolution, generation)
-            if problems := screen.problems(f"{skill.description}\n{skill.body}"):
-                out.dropped.append({"job": f"rule {mined.name}", "problems": problems})
-            else:
-                rules.append(skill)
-        wins = [t for t in trajs if t.success and t.status == "finished"]
-        patterns = mine_patterns(wins, min_tasks=s.distill.min_tasks, top=s.distill.patterns)
-        if patterns:
-            ids = sorted({i for p in patterns for i in p.trajectory_ids})
-            lengths = [len(action_path(t)) for t in wins]
-            job = ProcedureJob(family, patterns, lengths, ids)
-            jobs.append((f"procedure {family}", distiller, {"job": job, "screen": screen}))
-        for cid, members in sorted(clusters.items()):
-            if family_of(members[0].task_id) == family and len(members) >= s.diagnose.min_cluster:
-                key = cluster_key([keys[d.trajectory_id] for d in members])
-                job = GuardrailJob(family, members[0].mode, members, key=key)
-                jobs.append((f"guardrail {cid}", distiller, {"job": job, "screen": screen}))
-        for p in [p for p in patterns if p.params][: s.distill.tools]:
-            verbs = [next(iter(a.args.values()), a.tool).split()[0] for a in p.actions]
-            job = MacroJob(slug(p.family.split(":", 1)[-1], "macro", *verbs[:4]), p)
-            jobs.append((f"macro {family}", toolsmith, {"job": job, "screen": screen}))
-        if teacher is not None and (fjob := function_job(family, wins)) is not None:
-            jobs.append((f"function {family}", toolsmith, {"job": fjob, "screen": screen}))
-        if proposer is not None and (rjob := rule_job(family, trajs, diagnoses)) is not None:
-            jobs.append((f"rule {family}", proposer, {"job": rjob, "screen": screen}))
-    rules += _exemplar_candidates(rt, generation, sorted(families), out)
-    for skill in rules:  # mined, nothing to wait for
+    ev = gather(rt, generation, out.dropped)
+    names = sorted(ev.families)
+    drafts = {(src.name, family): src.draft(ev, family) for src in SOURCES for family in names}
+    mined = [d for src in SOURCES for f in names for d in drafts[src.name, f] if isinstance(d, Skill)]
+    jobs = [d for f in names for src in SOURCES for d in drafts[src.name, f] if isinstance(d, Job)]
+    for skill in mined:  # nothing to wait for
         out.candidates.append(Candidate(skill, rt.library.add(skill)))
     report("distill", 0, len(jobs))
-    futures = [(label, graph_task.submit(graph, state, label)) for label, graph, state in jobs]
+    futures = [(job.label, graph_task.submit(job.graph, job.state, job.label)) for job in jobs]
     for n, (label, future) in enumerate(futures, 1):
         final = future.result()
-        skill = to_skill(final, s.evolution, generation)
+        skill = to_skill(final, rt.settings.evolution, generation)
         if skill is None:
             out.dropped.append({"job": label, "problems": final.get("problems", [])})
         else:
@@ -224,36 +412,6 @@ def rule_skill(mined: MinedRule, family: str, evolution: str, generation: int) -
         provenance=list(mined.trajectory_ids),
         rule=spec,
     )
-
-
-def _exemplar_candidates(
-    rt: LoopRuntime, generation: int, families: list[str], out: DistillResult
-) -> list[Skill]:
-    """One exemplar set per family: its own solved train tasks of every generation so far, if
-    they span `distill.min_tasks` tasks (a set equal to one already filed merges into it)."""
-    s = rt.settings
-    if s.distill.exemplars <= 0:
-        return []
-    wins = [
-        t
-        for t in rt.store.query(evolution=s.evolution, split="train", success=True, status="finished")
-        if t.generation <= generation
-    ]
-    found = []
-    screen = Screen.from_trajectories(wins)
-    for family in families:
-        demos = []  # a solved task whose text carries an injected instruction is not shown
-        for demo in pick_demos(family, wins, len(wins)):
-            # each text on its own: "... your final answer only." then "answer: 42" is no
-            # instruction, but joined they would read "only answer"
-            parts = (demo.task, *demo.actions)
-            if problems := sorted({p for part in parts for p in screen.problems(part, copies=False)}):
-                out.dropped.append({"job": f"exemplar {demo.trajectory}", "problems": problems})
-            elif len(demos) < s.distill.exemplars:
-                demos.append(demo)
-        if len(demos) >= s.distill.min_tasks:  # one per task
-            found.append(exemplar_skill(family, demos, s.evolution, generation))
-    return found
 
 
 def rule_job(family: str, trajs: list[Trajectory], diagnoses: list[Diagnosis]) -> RuleJob | None:

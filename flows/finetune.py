@@ -38,10 +38,12 @@ from prefect import flow
 from ratchet import faults
 from ratchet.config import Settings
 from ratchet.files import write_text_atomic
-from ratchet.flows import agent_versions, evaluations, progress, tracking
-from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime
+from ratchet.flows import evaluations, progress, tracking
+from ratchet.flows.gate import file_verdict, promote_verified
+from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
 from ratchet.flows.verify import dev_split, foreclosed, gate_evidence, run_gates
 from ratchet.hashing import content_hash
+from ratchet.lifecycle import batch
 from ratchet.memory.trajectory_store import TrajectoryStore
 from ratchet.server.launcher import ensure_adapter
 from ratchet.server.precision import dtype_name
@@ -143,20 +145,20 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
         action = "trained"
     result = FinetuneResult(action, "", data.version, counts, adapter.version, adapter.status)
     result.train_seconds = seconds
-    if adapter.status == "candidate":
-        adapter = _gate(rt, registry, adapter, generation, who, result)
-        faults.point("adapter.decided")
-    if adapter.status == "verified" and s.verify.promotion == "auto":
-        registry.transition(adapter.name, "promoted", who=f"{who}:auto", why="promotion policy 'auto'")
-        adapter = registry.get(adapter.version)
+    with batch():  # MLflow's agent versions (a lifecycle listener) follow these decisions once, at the end
+        if adapter.status == "candidate":
+            adapter = _gate(rt, registry, adapter, generation, who, result)
+            faults.point("adapter.decided")
+        pending = [adapter.name] if adapter.status == "verified" else []
+        if promote_verified(registry, pending, who, s.verify.promotion):
+            adapter = registry.get(adapter.version)
     result.status = adapter.status
     result.reason = result.reason or f"adapter version {adapter.version} is {adapter.status}"
     if adapter.champion:
         rt.adapter = adapter
-    if (run := mlflow.active_run()) is not None:
+    if mlflow.active_run() is not None:
         mlflow.log_text(json.dumps(_summary(result), indent=2), "finetune/summary.json")
-        # MLflow's mirror: the policy now live, and the adapter's gate as an evaluation
-        agent_versions.sync(s, rt.library, rt.live_policy(), run.info.run_id, generation, by=who)
+        # the adapter's gate as an evaluation (of the agent version it made live, if it did)
         if result.decision is not None:
             name = f"adapter-v{adapter.version}"
             evaluations.gate(s, generation, name, "adapter", "all", adapter.status, adapter.evidence)
@@ -233,18 +235,17 @@ def _gate(
         registry.checked_path(adapter),
         s.model.api_key.get_secret_value(),
     )
-    candidate = champion.model_copy(update={"adapter": adapter.served_name, "adapter_hash": adapter.sha256})
+    candidate = policy_with(champion, [adapter])  # the champion served through the adapter
     arm = f"adapter-{adapter.sha256[:12]}"
     gates = run_gates(rt, generation, champion, {arm: (candidate, tasks)}, {arm: arm})
     decision = gates.decisions[arm]
     evidence = gate_evidence(decision, champion, candidate, gates.outcomes[arm])
-    to = "verified" if decision.decision == "accept" else "rejected"
     result.decision, result.reason = decision, decision.reason
     if mlflow.active_run() is not None:
         mlflow.log_metrics(
             {"finetune_gate_repairs": decision.repairs, "finetune_gate_regressions": decision.regressions}
         )
-    registry.transition(adapter.name, to, who=who, why=decision.reason, evidence=evidence, expect="candidate")
+    file_verdict(registry, adapter.name, decision, evidence, who)
     return registry.get(adapter.version)
 
 

@@ -25,8 +25,8 @@ from prefect.input import RunInput
 from ratchet.config import Settings, settings_from
 from ratchet.decisions import Action, Candidates, Mirror, apply, run_mirrors
 from ratchet.errors import AdapterStateError, RatchetError
-from ratchet.flows import agent_versions
 from ratchet.flows.runtime import open_library
+from ratchet.lifecycle import batch
 from ratchet.runtime_env import prepare_environment
 from ratchet.skills.library import SkillLibrary
 from ratchet.training.registry import AdapterRegistry, may_have_adapters
@@ -61,27 +61,29 @@ def apply_decisions(
     mirrors: list[Mirror] | None = None,
 ) -> PromotionResult:
     """Promote and reject verified candidates of either kind; what cannot change (a stale
-    view, bad input, changed files) is a conflict, not an error. `mirrors` (MLflow's agent
-    versions) are written once, after every decision."""
+    view, bad input, changed files) is a conflict, not an error. The decisions are one batch
+    of the lifecycle: its listeners (MLflow's agent versions, subscribed by `open_library`)
+    and `mirrors` are written once, after every decision."""
     out = PromotionResult()
     plan: tuple[tuple[list[str], Action, str, list[str]], ...] = (
         (promote, "promote", "promoted", out.promoted),
         (reject, "reject", "rejected", out.rejected),
     )
-    for names, action, to, done in plan:
-        for name in names:
-            try:
-                candidates, key = _kind_of(name, library, registry)
-                outcome = apply(
-                    candidates, key, action, who=who, why=why or f"{to} by {who}", expect="verified"
-                )
-            except RatchetError as exc:
-                out.conflicts[name] = str(exc)
-                continue
-            done.append(name)
-            out.warnings += [f"{to} {name}; {w}" for w in outcome.warnings]
-    if out.promoted or out.rejected:
-        run_mirrors(mirrors or [], out.warnings.append)
+    with batch(out.warnings.append):
+        for names, action, to, done in plan:
+            for name in names:
+                try:
+                    candidates, key = _kind_of(name, library, registry)
+                    outcome = apply(
+                        candidates, key, action, who=who, why=why or f"{to} by {who}", expect="verified"
+                    )
+                except RatchetError as exc:
+                    out.conflicts[name] = str(exc)
+                    continue
+                done.append(name)
+                out.warnings += [f"{to} {name}; {w}" for w in outcome.warnings]
+        if out.promoted or out.rejected:
+            run_mirrors(mirrors or [], out.warnings.append)
     out.waiting = _verified(library, registry)
     return out
 
@@ -145,10 +147,7 @@ def promote_flow(
         return PromotionResult()
     form = PromotionForm.with_initial_data(description=describe(library, registry), promote=verified)
     answer = pause_flow_run(wait_for_input=form, timeout=timeout_s, poll_interval=2)
-    mirror = agent_versions.decision_mirror(settings, library, answer.by)  # agent versions, prompts
-    result = apply_decisions(
-        library, answer.promote, answer.reject, answer.by, answer.reason, registry, [mirror]
-    )
+    result = apply_decisions(library, answer.promote, answer.reject, answer.by, answer.reason, registry)
     logger = get_run_logger()
     for line in result.warnings:
         logger.warning("%s", line)

@@ -11,7 +11,7 @@ import math
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +23,7 @@ from ratchet.agents.model import ToolCallMode, chat_model
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, EndpointError, SuiteVersionError
 from ratchet.flows.tracking import audit_logger
+from ratchet.kinds import apply_all
 from ratchet.memory.retrieval import SkillRetriever
 from ratchet.memory.trajectory_store import TrajectoryStore, open_store
 from ratchet.memory.vector_index import VectorIndex
@@ -155,9 +156,7 @@ def live_retriever(settings: Settings) -> SkillRetriever:
 
 def model_policy(settings: Settings, adapter: AdapterVersion | None) -> Policy:
     """The endpoint's model with `adapter` (None: the base model), no skills or tools."""
-    if adapter is None:
-        return Policy(model=settings.model.name)
-    return Policy(model=settings.model.name, adapter=adapter.served_name, adapter_hash=adapter.sha256)
+    return policy_with(Policy(model=settings.model.name), [adapter] if adapter is not None else [])
 
 
 def champion_policy(settings: Settings, library: SkillLibrary) -> Policy:
@@ -168,26 +167,11 @@ def champion_policy(settings: Settings, library: SkillLibrary) -> Policy:
     )
 
 
-def policy_with(base: Policy, skills: list[Skill]) -> Policy:
-    """`base` plus these skills: procedures and guardrails as prompt skills, tools as tools,
-    rules as rules on the action menu, exemplar sets as solved tasks to show."""
-    texts = tuple(s.text() for s in skills if s.kind in ("procedure", "guardrail"))
-    tools = tuple(s.tool_spec() for s in skills if s.kind == "tool")
-    rules = tuple(s.rule_spec() for s in skills if s.kind == "rule")
-    # two live sets may hold the same solved task: show it once
-    shown = {(d.description, d.body) for d in base.exemplars}
-    demos = []
-    for d in (d for s in skills if s.kind == "exemplar" for d in s.demo_texts()):
-        if (d.description, d.body) not in shown:
-            shown.add((d.description, d.body))
-            demos.append(d)
-    update = {
-        "skills": base.skills + texts,
-        "tools": base.tools + tools,
-        "rules": base.rules + rules,
-        "exemplars": base.exemplars + tuple(demos),
-    }
-    return base.model_copy(update=update)
+def policy_with(base: Policy, candidates: Sequence[Any]) -> Policy:
+    """`base` changed by these candidates, each as its kind says (`ratchet.kinds`: procedures
+    and guardrails as prompt skills, tools as tools, rules as rules on the action menu,
+    exemplar sets as solved tasks to show, an adapter as the served model), in their order."""
+    return apply_all(base, candidates)
 
 
 @contextmanager
@@ -333,10 +317,17 @@ def load_champion_adapter(settings: Settings, url: str) -> AdapterVersion | None
 
 
 def open_library(settings: Settings) -> SkillLibrary:
-    """The skill library; every status change is also logged to the evolution's MLflow run."""
-    return SkillLibrary(
+    """The skill library; every status change is also logged to the evolution's MLflow run,
+    and every decision on a skill or an adapter of this data dir is mirrored into MLflow's
+    agent versions and prompts (`agent_versions.follow`, subscribed here once: the runtime,
+    the CLI, the HTTP API and the `promote` flow all open the library here)."""
+    from ratchet.flows.agent_versions import follow  # it imports this module
+
+    library = SkillLibrary(
         settings.skills_dir, settings.index_dir, settings.distill.merge_similarity, audit_logger(settings)
     )
+    follow(settings, library)
+    return library
 
 
 def teacher_model(settings: Settings, policy_url: str) -> BaseChatModel:

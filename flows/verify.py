@@ -31,9 +31,11 @@ from prefect import flow
 from ratchet.agents.actor import ActorSettings
 from ratchet.agents.rollout import RolloutSlot
 from ratchet.config import GateSettings, Settings
-from ratchet.flows import agent_versions, evaluations, tracking
+from ratchet.flows import evaluations, tracking
+from ratchet.flows.gate import file_verdict, promote_verified
 from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
+from ratchet.lifecycle import batch
 from ratchet.skills.format import Skill
 from ratchet.skills.intervention import (
     GateDecision,
@@ -220,29 +222,27 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     verified = list(pending)
     p_of = {v.name: _last_p(rt, v.name) for v in verified}
     evidence_of: dict[str, dict[str, Any]] = {}
-    for c in candidates:
-        d, outcomes, skipped = gates.decisions[c.name], gates.outcomes[c.name], gates.replayed.get(c.name, 0)
-        evidence = evidence_of[c.name] = gate_evidence(d, champion, trials[c.name][0], outcomes, skipped)
-        to = "verified" if d.decision == "accept" else "rejected"
-        rt.library.transition(c.name, to, who=who, why=d.reason, evidence=evidence, expect="candidate")
-        played = len(outcomes) - skipped
-        dev_tasks = evidence["dev_tasks"]
-        result.verdicts.append(Verdict(c.name, c.kind, c.family, d, to, dev_tasks, played, skipped))
-        if to == "verified":
-            verified.append(c)
-            p_of[c.name] = d.p_value
-    live = _interaction_check(rt, generation, champion, verified, p_of, dev, result, who)
-    status = {v.skill: v for v in result.verdicts}
-    for name in sorted(live) if auto else []:
-        rt.library.transition(
-            name, "promoted", who=f"{who}:auto", why="promotion policy 'auto'", expect="verified"
-        )
-        if name in status:
-            status[name].status = "promoted"
-    if (run := mlflow.active_run()) is not None:
+    # one batch: MLflow's agent versions (a lifecycle listener) follow the stage's decisions once, at its end
+    with batch():
+        for c in candidates:
+            d, outcomes = gates.decisions[c.name], gates.outcomes[c.name]
+            skipped = gates.replayed.get(c.name, 0)
+            evidence = evidence_of[c.name] = gate_evidence(d, champion, trials[c.name][0], outcomes, skipped)
+            to = file_verdict(rt.library, c.name, d, evidence, who)
+            played = len(outcomes) - skipped
+            dev_tasks = evidence["dev_tasks"]
+            result.verdicts.append(Verdict(c.name, c.kind, c.family, d, to, dev_tasks, played, skipped))
+            if to == "verified":
+                verified.append(c)
+                p_of[c.name] = d.p_value
+        live = _interaction_check(rt, generation, champion, verified, p_of, dev, result, who)
+        status = {v.skill: v for v in result.verdicts}
+        for name in promote_verified(rt.library, sorted(live), who, s.verify.promotion):
+            if name in status:
+                status[name].status = "promoted"
+    if mlflow.active_run() is not None:
         _log(result)
-        # MLflow's mirror: the policy now live, then each candidate's gate as an evaluation
-        agent_versions.sync(s, rt.library, rt.live_policy(), run.info.run_id, generation, by=who)
+        # each candidate's gate as an evaluation (of the agent version it made live, if it did)
         for v in result.verdicts:
             evaluations.gate(s, generation, v.skill, v.kind, v.family, v.status, evidence_of[v.skill])
     return result

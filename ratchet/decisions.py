@@ -9,16 +9,18 @@ deciding at once get one change and one `CandidateStateError`.
 A decision is one transaction, `apply`: its input is checked (`ratchet.lifecycle.check_input`)
 and the kind checks everything it can (status, file hashes) before the record is written; any
 failure up to there is an error and nothing changed. Once the record is on disk the decision
-has happened: the kind's mirrors (SKILL.md status, vector index, MLflow tags and alias) and the
-caller's (`Mirror`: MLflow's agent versions and prompts) are written after it, and one that
-fails is a warning in the `Outcome` ("the vector index mirror failed: …; it is retried …"),
-never an error. After its record, every `apply` brings all of the kind's mirrors in line
+has happened: the kind's mirrors (SKILL.md status, vector index, MLflow tags and alias), the
+caller's (`Mirror`, if it passes any) and the lifecycle's listeners (`ratchet.lifecycle.subscribe`:
+MLflow's agent versions and prompts, subscribed once where the library is opened,
+`ratchet.flows.agent_versions.follow`) are written after it, and one that fails is a warning
+in the `Outcome` ("the vector index mirror failed: …; it is retried …"), never an error. A
+decision is one `ratchet.lifecycle.batch`: a rollback that retires three candidates tells the
+listeners once. After its record, every `apply` brings all of the kind's mirrors in line
 (`Candidates.mirror`), so a mirror that failed before is retried by the next decision.
 
 The CLI (`cli/common.py:change`), the `promote` flow (`flows/promote.py:apply_decisions`) and
 the HTTP API call `apply` (the API through `decide`, which logs the warnings instead of
-returning them); they pass MLflow's agent versions as a `Mirror`
-(`ratchet.flows.agent_versions.decision_mirror`).
+returning them); none of them writes MLflow's copy by hand.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ratchet.lifecycle import TRANSITIONS, Record, Status, Warn, check_input
+from ratchet.lifecycle import RETRY, TRANSITIONS, Record, Status, Warn, batch, check_input, mirror_failed
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,6 @@ ACTIONS: dict[str, Status] = {"promote": "promoted", "reject": "rejected", "reti
 AVAILABLE: dict[str, list[str]] = {
     status: [a for a, to in ACTIONS.items() if to in TRANSITIONS[status]] for status in TRANSITIONS
 }
-RETRY = "it is retried by the next decision"
 
 
 class Candidates(Protocol):
@@ -83,13 +84,6 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
-def mirror_failed(what: str, exc: BaseException, retry: str = RETRY) -> str:
-    """The one warning line for a mirror that failed after its record."""
-    lines = str(exc).strip().splitlines()
-    reason = lines[0] if lines else type(exc).__name__
-    return f"the {what} failed: {reason}; {retry}"
-
-
 def check_decision(name: str, who: str, why: str) -> None:
     """A decision's input, checked before anything is opened (an `InvalidInputError`)."""
     check_input(name, who, why)
@@ -113,13 +107,14 @@ def apply(
         if line not in warnings:  # the same mirror failing again on the retry is one warning
             warnings.append(line)
 
-    if action == "rollback":
-        changed = candidates.rollback(name, who=who, why=why, warn=warn)
-    else:
-        candidates.transition(name, ACTIONS[action], who=who, why=why, expect=expect, warn=warn)
-        changed = [name]
-    candidates.mirror(warn)  # also retries whatever an earlier change failed to mirror
-    run_mirrors(mirrors, warn)
+    with batch(warn):  # the listeners hear the decision once, after the mirrors below
+        if action == "rollback":
+            changed = candidates.rollback(name, who=who, why=why, warn=warn)
+        else:
+            candidates.transition(name, ACTIONS[action], who=who, why=why, expect=expect, warn=warn)
+            changed = [name]
+        candidates.mirror(warn)  # also retries whatever an earlier change failed to mirror
+        run_mirrors(mirrors, warn)
     return Outcome(action, changed, warnings)
 
 

@@ -40,8 +40,18 @@ Only `retired → promoted` is a way back: a retired candidate passed the gate o
 reaches `promoted` without going through `verified`), so a person may make it live again.
 Which promoted candidates are *live* is the kind's rule: every promoted skill is live
 (additive), while only the newest promoted adapter is (exclusive: the `champion`). A rollback
-is the same for both: it retires the named promotion and every later one still promoted, so
-what is live afterwards is exactly what was live just before the named one went live.
+is the same for both (`Lifecycle.rollback`, each kind passing its own checks and its
+transition with its mirrors): it retires the named promotion and every later one still
+promoted, so what is live afterwards is exactly what was live just before the named one went
+live.
+
+Every record is an event. Whoever keeps a copy of the lifecycle outside the kind's own store
+(MLflow's agent versions: `ratchet.flows.agent_versions.follow`) subscribes once
+(`subscribe`), and is told of each record after it is on disk, with the store it was written
+to (`Change`). A listener that fails is a warning, never an error, as a mirror is (`Warn`;
+the line `mirror_failed` writes). Inside a `batch` (a decision, a stage's verdicts, a rollback)
+listeners hear nothing until the outermost batch ends, then every change of it at once, so a
+listener that rewrites a whole copy (MLflow's) does it once, not once per record.
 """
 
 from __future__ import annotations
@@ -50,11 +60,12 @@ import logging
 import re
 import threading
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -79,11 +90,19 @@ NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # \Z: "$" would let a t
 BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 Warn = Callable[[str], None]  # told of each mirror that failed after a record (one line each)
+RETRY = "it is retried by the next decision"
 
 
 def log_warning(line: str) -> None:
     """Where a mirror's failure goes when no one asked to hear it (a stage): the log."""
     log.warning("%s", line)
+
+
+def mirror_failed(what: str, exc: BaseException, retry: str = RETRY) -> str:
+    """The one warning line for a mirror (or a listener) that failed after its record."""
+    lines = str(exc).strip().splitlines()
+    reason = lines[0] if lines else type(exc).__name__
+    return f"the {what} failed: {reason}; {retry}"
 
 
 class InvalidInputError(RatchetError):
@@ -371,7 +390,134 @@ class Lifecycle:
             raise self.error(f"{self.what} {name!r} is not live", "rollback undoes a promotion")
         return list(reversed(live[live.index(name) :]))
 
+    def rollback(
+        self,
+        name: str,
+        who: str,
+        why: str,
+        retire: Retire,
+        check: Callable[[list[str]], object] | None = None,
+        key: Callable[[str], str] = str,
+        warn: Warn | None = None,
+    ) -> list[str]:
+        """Undo the promotion of `name` and of every candidate promoted after it, newest first,
+        so what is live is exactly what was live just before `name` went live; returns them.
+
+        The kind says what must hold before the first record (`check`, given what will be
+        retired: a skill's files, the adapter that is champion again) and retires each one
+        through its own `retire` (its transition, which writes its mirrors); `key` is how the
+        kind spells a name in its log (an adapter version "03" is "3"). Listeners hear the whole
+        rollback at once (`batch`)."""
+        why = f"rollback of {name}: {why}"
+        check_input(name, who, why, self.what)
+        with batch(warn), self.locked():
+            undone = self.rollback_set(key(name))
+            if check is not None:
+                check(undone)
+            for n in undone:
+                retire(n, "retired", who=who, why=why, expect="promoted")
+        return undone
+
     def _append(self, record: Record) -> None:
         """Callers have just read the whole log under the lock (`last()`), which refuses a
-        damaged line, so nothing is ever appended behind one (it would glue onto it)."""
+        damaged line, so nothing is ever appended behind one (it would glue onto it). The
+        listeners are told once it is on disk (now, or when the current batch ends)."""
         append_line(self.root / AUDIT, record.model_dump_json())
+        _recorded(Change(self, record))
+
+
+class Retire(Protocol):
+    """A kind's transition, as a rollback calls it for each candidate it retires."""
+
+    def __call__(self, name: str, to: Status, *, who: str, why: str, expect: Status | None) -> object: ...
+
+
+# -- listeners: every record, told to whoever keeps a copy outside the kind
+
+
+@dataclass(frozen=True)
+class Change:
+    """One record on disk, and the store it was written to."""
+
+    store: Lifecycle
+    record: Record
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A copy of the lifecycle kept outside the kinds (MLflow's agent versions). `notify` is
+    given the changes of one batch (or one record outside a batch), oldest first; if it
+    raises, the failure is one warning line naming `what` and saying when it is retried."""
+
+    what: str
+    notify: Callable[[Sequence[Change]], object]
+    retry: str = RETRY
+
+
+_listeners: dict[Hashable, Listener] = {}
+_listeners_lock = threading.Lock()
+_batch = threading.local()  # .changes: the changes held back by the current batch; .warn
+
+
+def subscribe(listener: Listener, key: Hashable | None = None) -> Callable[[], None]:
+    """Tell `listener` of every record from now on, in this process; returns the call that
+    unsubscribes it. Subscribing again under the same `key` replaces the earlier listener, so
+    a setup that runs many times (every CLI command, every stage) subscribes once."""
+    key = object() if key is None else key
+    with _listeners_lock:
+        _listeners[key] = listener
+
+    def unsubscribe() -> None:
+        with _listeners_lock:
+            if _listeners.get(key) is listener:
+                del _listeners[key]
+
+    return unsubscribe
+
+
+@contextmanager
+def batch(warn: Warn | None = None) -> Iterator[None]:
+    """Hold back the listeners until the block ends, then tell each of them every change of
+    it at once; a listener that fails goes to `warn` (default: the log). A batch inside a batch
+    joins it: the outermost one tells, and its `warn` hears. Changes of a block that raised are
+    still told (they are on disk), unless it was interrupted (Ctrl-C, a kill)."""
+    if getattr(_batch, "changes", None) is not None:
+        yield
+        return
+    _batch.changes, _batch.warn = [], warn or log_warning
+    try:
+        yield
+    except Exception:
+        _tell_held()
+        raise
+    except BaseException:
+        _batch.changes = None
+        raise
+    else:
+        _tell_held()
+
+
+def _tell_held() -> None:
+    changes, warn = _batch.changes, _batch.warn
+    _batch.changes = None
+    if changes:
+        _tell(changes, warn)
+
+
+def _recorded(change: Change) -> None:
+    held = getattr(_batch, "changes", None)
+    if held is not None:
+        held.append(change)
+    else:
+        _tell([change], log_warning)
+
+
+def _tell(changes: Sequence[Change], warn: Warn) -> None:
+    """Each listener, once, of these changes; a failure is a warning (the records stand)."""
+    with _listeners_lock:
+        listeners = list(_listeners.values())
+    for listener in listeners:
+        try:
+            listener.notify(changes)
+        except Exception as exc:  # noqa: BLE001 - a copy never undoes or fails a record
+            warn(mirror_failed(listener.what, exc, listener.retry))

@@ -16,7 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models-dir", type=Path, required=True)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=int(os.environ.get("RATCHET_SERVER_THREADS", "2")))
-    p.add_argument("--prefix-cache-tokens", type=int, default=32_768, help="0 disables prefix caching")
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=None,
+        help="memory for the keys and values of earlier prompts, in MiB (default 512; 0: no prefix caching)",
+    )
     p.add_argument(
         "--dtype",
         choices=["float32", "auto", "bfloat16"],
@@ -49,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(
         ensure_hf_copy(args.models_dir),
         max_batch=args.max_batch,
-        prefix_cache_tokens=args.prefix_cache_tokens,
+        **({} if args.prefix_cache_mb is None else {"prefix_cache_bytes": args.prefix_cache_mb * 2**20}),
         dtype=resolve(args.dtype),
     )
     app = create_app(engine, BASE_MODEL_NAME)

@@ -16,7 +16,7 @@ the start (`{"name":"act","arguments":{"action":"`) is prefilled with the prompt
 reply's rest is forced to its stop token (an action whose first tokens already tell it from
 the others, then `"}}`) the row is answered without decoding it (`_forced_end`). An agent
 step then costs one prefill and, when two valid actions share their first tokens, a forward
-or two; the reply is the one decoding every token would give (bench/forced_end.py).
+or two; the reply is the one decoding every token would give (bench/results/forced_end.json).
 
 Keys and values are appended in place (`server.kv_cache`), not concatenated per step. A
 finished row's cache stays in the batch until the next admission, whose merge copies the
@@ -50,7 +50,7 @@ import torch.nn.functional as F
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ratchet.server import attention
+from ratchet.server import attention, prefix_cache
 from ratchet.server.kv_cache import GrowingCache, spare
 from ratchet.server.prefix_cache import PrefixCache
 
@@ -91,7 +91,7 @@ class Engine:
         model_dir: Path,
         max_batch: int = 8,
         batch_wait_s: float = 0.01,
-        prefix_cache_tokens: int = 32_768,
+        prefix_cache_bytes: int = prefix_cache.DEFAULT_BYTES,
         group_prefill: bool = True,
         compact_share: float = 0.5,
         forced_end: bool = True,
@@ -102,18 +102,19 @@ class Engine:
         self.dtype = dtype  # bf16 where the CPU multiplies it natively (`server.precision`)
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
-        self.group_prefill = group_prefill  # False: one padded forward for all (bench/prefill_groups.py)
+        # False: one padded forward for all (bench/results/prefill_groups.json)
+        self.group_prefill = group_prefill
         # finished rows ride along until the next admission, or until they are this share of
-        # the batch (0: copied out at once, as before; bench/kv_append.py)
+        # the batch (0: copied out at once, as before; bench/results/kv_append.json)
         self.compact_share = compact_share
         # a reply whose grammar forces its rest is finished without decoding it (`_forced_end`;
-        # False: decoded token by token, as before; bench/forced_end.py)
+        # False: decoded token by token, as before; bench/results/forced_end.json)
         self.forced_end = forced_end
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         # grouped-query attention without copying keys and values per query head
-        # (`server.attention`; "sdpa" is transformers' own, bench/grouped_attention.py)
+        # (`server.attention`; "sdpa" is transformers' own, bench/results/grouped_attention.json)
         self.attn_implementation = attn_implementation
         self.model: Any = self._load_base()
         self.model.eval()
@@ -142,7 +143,7 @@ class Engine:
             "grammar_seconds": 0.0,
             "kv_seconds": 0.0,
         }
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._queue: queue.Queue[GenRequest] = queue.Queue()
         self._lock = threading.Lock()  # held while the model runs or changes
         self._stopped = threading.Event()
@@ -205,7 +206,7 @@ class Engine:
             self.model.delete_adapter(name)
         elif not self.adapters:  # the failed first load may have injected LoRA layers in place
             self.model = self._load_base().eval()
-            self.prefix_cache = PrefixCache(self.prefix_cache.max_tokens)
+            self.prefix_cache.clear()
 
     def unload_adapter(self, name: str) -> None:
         with self._lock:
@@ -577,7 +578,7 @@ def _past_cache(hits: list[tuple[int, Any]], past: int, room: int) -> GrowingCac
         # empty, not zeros: only a row's left hole is read (masked, but it must not hold NaN
         # garbage: 0 * NaN); the prefill writes every column after `past`, and the spare
         # columns beyond are never read. Zeroing the whole buffer was most of an admission's
-        # KV bookkeeping (bench/forced_end.py's `kv`).
+        # KV bookkeeping (bench/results/forced_end.json's `kv`).
         keys = ref_k.new_empty((n, ref_k.shape[1], spare(past + room), ref_k.shape[3]))
         values = ref_v.new_empty((n, ref_v.shape[1], spare(past + room), ref_v.shape[3]))
         for i, (m, kv) in enumerate(hits):

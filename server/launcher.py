@@ -194,6 +194,10 @@ class EmbeddedServer:
             TRANSFORMERS_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false",
         )
+        # glibc gives each thread that allocates its own heap; freed tensor memory then stays
+        # resident in several. Two heaps: 0.4 GB less resident after 288 agent-like requests
+        # (bench/results/server_memory.json)
+        env.setdefault("MALLOC_ARENA_MAX", "2")
         if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
             # Idle OpenMP threads sleep instead of spinning. On a shared machine a spinning
             # team waits for a descheduled thread at every op: 16x slower with one busy

@@ -41,9 +41,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ratchet.errors import SkillFileError
 from ratchet.hashing import content_hash
+from ratchet.kinds import KINDS, kinds_in
 from ratchet.lifecycle import Status
+from ratchet.skills import kinds as _kinds  # noqa: F401 - registers the built-in kinds before any Skill
 from ratchet.types import RuleSpec, SkillText, ToolSpec
 
+# The built-in skill kinds (`ratchet.skills.kinds`). `Skill.kind` takes any kind registered for
+# the skill store (`ratchet.kinds.register`), so a new kind needs no edit here: a Literal
+# would refuse it, and an unregistered name is refused by `Skill._kind` (a SKILL.md of a
+# plug-in's kind, read without the plug-in, is one SkillFileError line, never live).
 SkillKind = Literal["procedure", "guardrail", "tool", "rule", "exemplar"]
 SkillStatus = Status  # the one candidate lifecycle (`ratchet.lifecycle`)
 ToolKind = Literal["macro", "function"]
@@ -85,7 +91,7 @@ class Skill(BaseModel):
     name: str
     description: str
     body: str
-    kind: SkillKind
+    kind: str = Field(description="a registered kind of the skill store (`ratchet.kinds`)")
     status: SkillStatus = "candidate"
     family: str = Field(description="'<suite>:<subset>' it was distilled for")
     evolution: str
@@ -101,6 +107,15 @@ class Skill(BaseModel):
     def _name(cls, v: str) -> str:
         if len(v) > NAME_MAX or not NAME_RE.match(v):
             raise ValueError(f"name {v!r} must be lowercase letters, digits and hyphens, at most {NAME_MAX}")
+        return v
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        kind = KINDS.get(v)
+        if kind is None or kind.store != "skills":
+            known = ", ".join(k.name for k in kinds_in("skills"))
+            raise ValueError(f"kind {v!r} is not a registered kind of the skill library ({known})")
         return v
 
     @field_validator("description")

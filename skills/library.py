@@ -7,7 +7,8 @@
 Status lives in the skill lifecycle (`ratchet.lifecycle`, the same store adapters use): its
 audit log says a skill's status, not its file. Each change first appends an audit record
 (fsynced), then rewrites the SKILL.md's `ratchet-status` and the index entry to mirror it,
-under the lifecycle's lock, so two concurrent promotions of one skill cannot both win: the
+under the lifecycle's lock (then the lifecycle's listeners hear of it: MLflow's agent
+versions, `ratchet.lifecycle.subscribe`), so two concurrent promotions of one skill cannot both win: the
 second finds the status already changed and gets a SkillStateError. Everything that can
 refuse a change (the file's hashes, the status) is checked before the record; a mirror that
 fails after it is a warning (the change happened) and is written again by the next decision
@@ -44,6 +45,7 @@ import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +57,7 @@ from ratchet.lifecycle import (
     Lifecycle,
     Record,
     Warn,
+    batch,
     check_input,
     log_warning,
     read_log,
@@ -66,7 +69,6 @@ from ratchet.skills.format import (
     NAME_MAX,
     NAME_RE,
     Skill,
-    SkillKind,
     SkillStatus,
     load,
     render,
@@ -184,7 +186,7 @@ class SkillLibrary:
         return skills, errors
 
     def list(
-        self, status: SkillStatus | None = None, kind: SkillKind | None = None, family: str | None = None
+        self, status: SkillStatus | None = None, kind: str | None = None, family: str | None = None
     ) -> list[Skill]:
         skills, _ = self.scan()
         return [
@@ -208,6 +210,10 @@ class SkillLibrary:
         if skill.status != "candidate":
             raise SkillStateError(f"new skills enter as candidates, not {skill.status!r}")
         warn = warn or log_warning
+        with batch(warn):  # listeners hear of the filing once the folder and its index entry are there
+            return self._add(skill, who, warn)
+
+    def _add(self, skill: Skill, who: str, warn: Warn) -> AddResult:
         record = None
         with self._locked():
             twin = self._near_duplicate(skill)  # needs the index: a broken one refuses before any record
@@ -246,33 +252,32 @@ class SkillLibrary:
         log), since the change has happened."""
         check_input(name, who, why, "skill")
         warn = warn or log_warning
-        with self._locked():
-            skill = self.get(name)  # the file must still be the one filed
-            record = self.lifecycle.transition(
-                name, to, who, why, evidence=evidence, expect=expect
-            )  # the log first (it keeps the pin): from here on the change has happened
-            faults.point("skill.recorded")
-            moved = skill.model_copy(update={"status": to})
-            self._mirror_file(moved, warn)
-            self._mirror_index([moved], warn)
-        self._tell(record, warn)
+        with batch(warn):  # the lifecycle's listeners hear of it after the mirrors below
+            with self._locked():
+                skill = self.get(name)  # the file must still be the one filed
+                record = self.lifecycle.transition(
+                    name, to, who, why, evidence=evidence, expect=expect
+                )  # the log first (it keeps the pin): from here on the change has happened
+                faults.point("skill.recorded")
+                moved = skill.model_copy(update={"status": to})
+                self._mirror_file(moved, warn)
+                self._mirror_index([moved], warn)
+            self._tell(record, warn)
         faults.point("skill.transition")
         return record
 
     def rollback(self, name: str, who: str, why: str, warn: Warn | None = None) -> list[str]:
         """Undo the promotion of `name` and of every skill promoted after it (newest first), so
         the live set is exactly what it was just before `name` went live; returns the retired.
-        Every one of them is checked before the first is retired."""
-        why = f"rollback of {name}: {why}"
-        check_input(name, who, why, "skill")
-        with self._locked():
-            undone = self.lifecycle.rollback_set(name)
+        Every one of them is checked before the first is retired (`Lifecycle.rollback`)."""
+
+        def check(undone: list[str]) -> None:
             state = self._state()
             for n in undone:
-                self._checked(n, state)
-            for n in undone:
-                self.transition(n, "retired", who=who, why=why, expect="promoted", warn=warn)
-        return undone
+                self._checked(n, state)  # each file is still the one filed
+
+        retire = partial(self.transition, warn=warn)
+        return self.lifecycle.rollback(name, who, why, retire, check, warn=warn)
 
     def mirror(self, warn: Warn = log_warning) -> None:
         """Bring every mirror of the log in line: each SKILL.md whose status (or merged

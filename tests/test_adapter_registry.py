@@ -180,44 +180,6 @@ def test_an_unfiled_model_version_is_filed_by_the_rerun(registry: AdapterRegistr
     assert len(registry.client.search_model_versions(f"name = '{registry.name}'")) == 1
 
 
-def test_an_adapter_log_from_before_the_shared_lifecycle_still_reads(
-    registry: AdapterRegistry, tmp_path: Path
-) -> None:
-    version = _passed(registry, tmp_path, 1)
-    old = [
-        {
-            "version": version,
-            "from": "",
-            "to": "candidate",
-            "who": "t",
-            "why": "trained",
-            "at": "2026-01-01T00:00:00+00:00",
-            "evidence": {},
-        },
-        {
-            "version": version,
-            "from": "candidate",
-            "to": "verified",
-            "who": "gate",
-            "why": "ok",
-            "at": "2026-01-01T00:01:00+00:00",
-            "evidence": {"decision": "accept"},
-        },
-        {
-            "version": version,
-            "from": "verified",
-            "to": "promoted",
-            "who": "me",
-            "why": "ok",
-            "at": "2026-01-01T00:02:00+00:00",
-            "evidence": {"decision": "accept"},
-        },
-    ]
-    (registry.root / "audit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
-    assert registry.champion().version == version
-    assert registry.get(version).evidence == {"decision": "accept"}
-
-
 def test_an_edited_sha256_tag_does_not_launder_changed_files(
     registry: AdapterRegistry, tmp_path: Path
 ) -> None:

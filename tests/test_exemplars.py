@@ -109,7 +109,7 @@ def _exemplar_sets(tmp_path: Path, family: str, trajectories: list) -> tuple[lis
     from types import SimpleNamespace
 
     from ratchet.config import load_settings
-    from ratchet.flows.distill import DistillResult, _exemplar_candidates
+    from ratchet.flows.distill import DistillResult, Evidence, exemplars
     from ratchet.memory.trajectory_store import open_store
 
     s = load_settings({"data_dir": tmp_path, "evolution": "e"})
@@ -118,7 +118,8 @@ def _exemplar_sets(tmp_path: Path, family: str, trajectories: list) -> tuple[lis
         store.put(t.model_copy(update={"generation": 1}))
     out = DistillResult()
     try:
-        found = _exemplar_candidates(SimpleNamespace(settings=s, store=store), 1, [family], out)  # type: ignore[arg-type]
+        rt = SimpleNamespace(settings=s, store=store)
+        found = exemplars(Evidence(rt, 1, dropped=out.dropped), family)  # type: ignore[arg-type]
     finally:
         store.close()
     return found, out

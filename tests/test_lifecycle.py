@@ -318,3 +318,67 @@ def test_bad_input_is_one_line_and_writes_nothing(
 
 def test_a_multi_line_reason_is_text() -> None:
     check_text("first line\n\tsecond line — ü", "reason", WHY_MAX, newlines=True)
+
+
+def test_listeners_hear_each_record_once_it_is_on_disk_and_a_batch_at_its_end(store: Lifecycle) -> None:
+    from ratchet.lifecycle import Listener, batch, subscribe
+
+    heard: list[list[tuple[str, str, bool]]] = []
+
+    def listen(changes) -> None:  # type: ignore[no-untyped-def]
+        on_disk = {(r.name, r.to_status) for r in store.records()}
+        heard.append(
+            [
+                (c.record.name, c.record.to_status, (c.record.name, c.record.to_status) in on_disk)
+                for c in changes
+            ]
+        )
+        assert all(c.store is store for c in changes)
+
+    unsubscribe = subscribe(Listener("test", listen))
+    try:
+        _at(store, "a", "verified")  # outside a batch: one call per record
+        assert heard == [[("a", "candidate", True)], [("a", "verified", True)]]
+        heard.clear()
+        with batch():
+            _at(store, "b", "promoted")
+            with batch():  # joins the outer batch
+                store.transition("a", "promoted", "t", "go")
+            assert heard == []
+        assert heard == [
+            [
+                ("b", "candidate", True),
+                ("b", "verified", True),
+                ("b", "promoted", True),
+                ("a", "promoted", True),
+            ]
+        ]
+        heard.clear()
+        assert decide(Kind(store), "b", "rollback", "ann", "regressed") == ["a", "b"]  # a decision: one batch
+        assert heard == [[("a", "retired", True), ("b", "retired", True)]]
+    finally:
+        unsubscribe()
+    store.file("c", "t", "filed")
+    assert len(heard) == 1  # unsubscribed
+
+
+def test_the_same_key_subscribes_once_and_a_failing_listener_is_a_warning(store: Lifecycle) -> None:
+    from ratchet.lifecycle import Listener, batch, subscribe
+
+    calls: list[str] = []
+    first = subscribe(Listener("one", lambda changes: calls.append("first")), key="k")
+    second = subscribe(Listener("one", lambda changes: calls.append("second")), key="k")  # replaces it
+
+    def down(changes) -> None:  # type: ignore[no-untyped-def]
+        raise OSError("disk full\nmore detail")
+
+    third = subscribe(Listener("copy", down, retry="it is retried later"))
+    warnings: list[str] = []
+    try:
+        with batch(warnings.append):
+            store.file("a", "t", "filed")
+    finally:
+        first(), second(), third()
+    assert calls == ["second"]
+    assert warnings == ["the copy failed: disk full; it is retried later"]
+    assert store.status("a") == "candidate"  # the record stands

@@ -334,6 +334,28 @@ def test_a_mirror_failure_is_a_warning_never_a_failed_decision(
     assert_mirror_agrees(settings, library)
 
 
+def test_the_mirror_follows_decisions_of_its_data_dir_not_filings_or_verdicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ratchet.decisions import apply
+
+    synced: list[tuple[Path, dict[str, Any]]] = []
+    monkeypatch.setattr(av, "sync_or_raise", lambda s, lib, **kw: synced.append((s.data_dir, kw)) or "")
+    settings = load_settings({"data_dir": tmp_path / "one"})
+    library = open_library(settings)  # subscribes MLflow's mirror to this data dir's lifecycle
+    other = open_library(load_settings({"data_dir": tmp_path / "two"}))
+    add_verified(library, "a", "Add left to right.")  # a filing and the gate's verdict: nothing live moved
+    add_verified(other, "b", "Check the sum twice.")
+    assert synced == []
+    apply(library, "a", "promote", who="ann", why="ok")
+    apply(library, "a", "rollback", who="bob", why="regressed")
+    # once per decision, outside a stage on the evolution's parent run, by whoever decided
+    assert synced == [
+        (settings.data_dir, {"run_id": None, "generation": None, "by": "ann"}),
+        (settings.data_dir, {"run_id": None, "generation": None, "by": "bob"}),
+    ]
+
+
 def test_a_gated_candidate_is_an_evaluation_of_its_paired_outcomes(tmp_path: Path) -> None:
     rt, _ = _scripted(tmp_path, trace_sample_rate=1.0)
     assert rt.library is not None

@@ -8,8 +8,10 @@ for the model server to load.
 Status is the candidate lifecycle's (`ratchet.lifecycle`, the same store skills use), kept
 in `data_dir/adapters/audit.jsonl` under its lock: candidate → verified (gate) → promoted →
 retired, or rejected. Adapters are exclusive: of the promoted versions only the newest is
-live, the *champion*. A rollback retires the champion (and every later promotion), so the
-version promoted before it is champion again, or none is (the base model). The log is the
+live, the *champion*. A rollback (`Lifecycle.rollback`, the same as a skill's) retires the
+champion (and every later promotion), so the version promoted before it is champion again,
+or none is (the base model). Adapters are the candidate kind `adapter` (`ADAPTER`,
+registered in `ratchet.kinds`: it serves a policy through the adapter). The log is the
 truth; the version's `status` tags and the registered model's `champion` alias mirror it and
 are rewritten after each change (a process killed in between, or MLflow failing there, leaves
 them stale until the next decision brings every version's tags and the alias in line: a
@@ -22,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +39,19 @@ from ratchet.config import Settings
 from ratchet.decisions import mirror_failed
 from ratchet.errors import AdapterError, AdapterStateError
 from ratchet.files import atomic_dir
+from ratchet.kinds import CandidateKind, register
 from ratchet.lifecycle import (
     Lifecycle,
     Record,
     Status,
     Warn,
+    batch,
     check_input,
     latest_evidence,
     log_warning,
     promoted_order,
 )
+from ratchet.types import Policy
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 CHAMPION = "champion"
@@ -101,6 +108,40 @@ class AdapterVersion:
     def name(self) -> str:
         """Its name in the lifecycle (and in `ratchet adapters …` commands)."""
         return str(self.version)
+
+    @property
+    def kind(self) -> str:
+        """Its candidate kind (`ratchet.kinds`): what it does to a policy is `ADAPTER.apply`."""
+        return ADAPTER.name
+
+
+def use_adapter(policy: Policy, adapters: Sequence[AdapterVersion]) -> Policy:
+    """An adapter's policy: the same policy served through the adapter. Exclusive: of several,
+    the last (the newest promotion) is the one served."""
+    if not adapters:
+        return policy
+    v = adapters[-1]
+    return policy.model_copy(update={"adapter": v.served_name, "adapter_hash": v.sha256})
+
+
+def adapter_template(v: AdapterVersion) -> str:
+    return f"LoRA adapter {v.served_name} (sha256 {v.sha256})"
+
+
+def adapter_label(name: str) -> str:
+    return f"adapter v{name}"
+
+
+ADAPTER = register(
+    CandidateKind(
+        "adapter",
+        "adapters",
+        use_adapter,
+        adapter_template,
+        adapter_label,
+        description="a LoRA adapter the server loads",
+    )
+)
 
 
 class AdapterRegistry:
@@ -214,7 +255,8 @@ class AdapterRegistry:
         """Move version `name` along the lifecycle; the MLflow tags and alias follow. Raises
         only before the record; MLflow failing after it goes to `warn` (default: the log)."""
         check_input(name, who, why, "adapter version")
-        with self.lifecycle.locked():
+        warn = warn or log_warning
+        with batch(warn), self.lifecycle.locked():  # the lifecycle's listeners hear of it last
             v = self.get(_number(name))
             if to == "promoted":
                 self.checked_path(v)  # never make live files that do not match
@@ -222,24 +264,25 @@ class AdapterRegistry:
                 v.name, to, who, why, evidence=evidence, expect=expect, content_hash=v.sha256
             )
             faults.point("adapter.recorded")
-            self.mirror(warn or log_warning, names={record.name})
+            self.mirror(warn, names={record.name})
         return record
 
     def rollback(self, name: str, who: str, why: str, warn: Warn | None = None) -> list[str]:
         """Retire version `name` and every later promotion; the version promoted before it is
         the champion again (checked first: a rollback must not go live on changed files)."""
-        why = f"rollback of {name}: {why}"
-        check_input(name, who, why, "adapter version")
-        with self.lifecycle.locked():
-            undone = self.lifecycle.rollback_set(str(_number(name)))
+
+        def check(undone: list[str]) -> None:
             back = [n for n in self.lifecycle.promoted() if n not in undone]
             if back:
                 self.checked_path(self.get(int(back[-1])))
             for n in undone:
                 self.get(int(n))  # every one is a version MLflow still has, before the first record
-            for n in undone:
-                self.transition(n, "retired", who=who, why=why, expect="promoted", warn=warn)
-        return undone
+
+        def key(n: str) -> str:
+            return str(_number(n))  # "03" is version 3
+
+        retire = partial(self.transition, warn=warn)
+        return self.lifecycle.rollback(name, who, why, retire, check, key, warn)
 
     def mirror(self, warn: Warn = log_warning, names: set[str] | None = None) -> None:
         """Bring MLflow in line with the log: the tags of each version (`names` only, if given)
