@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 def engines(base_model_dir):
     from ratchet.server.engine import Engine
 
-    cached, plain = Engine(base_model_dir), Engine(base_model_dir, prefix_cache_tokens=0)
+    cached, plain = Engine(base_model_dir), Engine(base_model_dir, prefix_cache_bytes=0)
     yield cached, plain
     cached.close()
     plain.close()

@@ -1,0 +1,152 @@
+"""Resident memory of the embedded server under agent-like load, and its throughput beside it.
+
+Agent rollouts send prompts that grow turn by turn: a fixed system prompt, then each turn
+adds an observation and the model's short reply, so every prompt extends the one before
+and the prefix cache reuses its keys and values. This plays `--sessions` such games of
+`--turns` turns each, 8 at a time, against a fresh `python -m ratchet.server` per
+configuration, and samples the server's resident memory (VmRSS) twice a second:
+
+* `before`: the prefix cache as it was, 32,768 tokens whatever the number format (so 1.5 GB
+  of keys and values in float32, 0.75 GB in bfloat16), glibc's default heaps;
+* `after`: the cache's budget in bytes (`server/prefix_cache.py:DEFAULT_BYTES`) and two
+  heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py` starts the server).
+
+Configurations alternate within each round (the machine is shared: compare within a run).
+
+    .venv/bin/python -m bench server_memory [--dtypes bfloat16 float32] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.harness import ROOT, option, write_result
+
+OLD_PREFIX_TOKENS = 32_768
+# SmolLM2-135M: 30 layers x (keys, values) x 3 KV heads x 64 dims
+KV_VALUES_PER_TOKEN = 30 * 2 * 3 * 64
+WORDS = (
+    "you are in the kitchen pantry corridor a the to north south east west door open coin "
+    "fridge table move take look"
+).split()
+
+
+@dataclass
+class Options:
+    dtypes: list[str] = option(["bfloat16", "float32"], help="number formats to serve in")
+    sessions: int = option(24, help="games played (8 at a time)")
+    turns: int = option(12, help="turns per game: each prompt extends the one before")
+    rounds: int = option(1, help="before/after pairs per number format")
+    models_dir: Path = option(ROOT / ".ratchet" / "test-models")
+    port: int = option(8917)
+    out: str = option("server_memory", help="result name under bench/results/")
+
+
+def rss_mb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
+    args = [sys.executable, "-m", "ratchet.server", "--port", str(opts.port)]
+    args += ["--models-dir", str(opts.models_dir), "--dtype", dtype]
+    env = dict(os.environ, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    env.pop("MALLOC_ARENA_MAX", None)
+    if config == "before":
+        per_token = KV_VALUES_PER_TOKEN * (2 if dtype == "bfloat16" else 4)
+        args += ["--prefix-cache-mb", str(OLD_PREFIX_TOKENS * per_token // 2**20)]
+    else:
+        env["MALLOC_ARENA_MAX"] = "2"
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{opts.port}/v1"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({proc.returncode}) before answering")
+            try:
+                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        loaded = rss_mb(proc.pid)
+        model = httpx.get(f"{url}/models", timeout=5).json()["data"][0]["id"]
+        system = "You play a text game. " + " ".join(random.Random(0).choice(WORDS) for _ in range(500))
+        peak, done = [loaded], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], rss_mb(proc.pid))
+                time.sleep(0.5)
+
+        def game(i: int) -> None:
+            rng = random.Random(i)
+            messages = [{"role": "system", "content": system}]
+            for t in range(opts.turns):
+                seen = " ".join(rng.choice(WORDS) for _ in range(80))
+                messages.append({"role": "user", "content": f"Turn {t} of game {i}. {seen}"})
+                body = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0}
+                reply = httpx.post(f"{url}/chat/completions", json=body, timeout=1800)
+                reply.raise_for_status()
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": reply.json()["choices"][0]["message"]["content"] or "look",
+                    }
+                )
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(game, range(opts.sessions)))
+        wall = time.perf_counter() - started
+        done.set()
+        watcher.join()
+        return {
+            "loaded_mb": loaded,
+            "peak_mb": peak[0],
+            "end_mb": rss_mb(proc.pid),
+            "wall_s": round(wall, 1),
+            "requests_per_s": round(opts.sessions * opts.turns / wall, 3),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def run(opts: Options) -> None:
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for dtype in opts.dtypes:
+        for r in range(opts.rounds):
+            order = ("before", "after") if r % 2 == 0 else ("after", "before")
+            for config in order:
+                result = play(opts, dtype, config)
+                print(dtype, config, json.dumps(result), flush=True)
+                runs.setdefault(dtype, {}).setdefault(config, []).append(result)
+    summary: dict[str, Any] = {}
+    for dtype, by in runs.items():
+        med = {c: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for c, xs in by.items()}
+        summary[dtype] = {
+            **med,
+            "peak_after_over_before": round(med["after"]["peak_mb"] / med["before"]["peak_mb"], 3),
+            "throughput_after_over_before": round(
+                med["after"]["requests_per_s"] / med["before"]["requests_per_s"], 3
+            ),
+        }
+    write_result(opts.out, {"summary": summary, "runs": runs}, opts)
