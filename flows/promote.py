@@ -23,7 +23,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
 from ratchet.config import Settings, settings_from
-from ratchet.decisions import Action, Candidates, Mirror, apply, run_mirrors
+from ratchet.decisions import Action, Candidates, apply
 from ratchet.errors import AdapterStateError, RatchetError
 from ratchet.flows.runtime import open_library
 from ratchet.lifecycle import batch
@@ -58,12 +58,11 @@ def apply_decisions(
     who: str,
     why: str,
     registry: AdapterRegistry | None = None,
-    mirrors: list[Mirror] | None = None,
 ) -> PromotionResult:
     """Promote and reject verified candidates of either kind; what cannot change (a stale
     view, bad input, changed files) is a conflict, not an error. The decisions are one batch
     of the lifecycle: its listeners (MLflow's agent versions, subscribed by `open_library`)
-    and `mirrors` are written once, after every decision."""
+    are written once, after every decision; one that fails is a warning."""
     out = PromotionResult()
     plan: tuple[tuple[list[str], Action, str, list[str]], ...] = (
         (promote, "promote", "promoted", out.promoted),
@@ -82,8 +81,6 @@ def apply_decisions(
                     continue
                 done.append(name)
                 out.warnings += [f"{to} {name}; {w}" for w in outcome.warnings]
-        if out.promoted or out.rejected:
-            run_mirrors(mirrors or [], out.warnings.append)
     out.waiting = _verified(library, registry)
     return out
 

@@ -9,8 +9,8 @@ deciding at once get one change and one `CandidateStateError`.
 A decision is one transaction, `apply`: its input is checked (`ratchet.lifecycle.check_input`)
 and the kind checks everything it can (status, file hashes) before the record is written; any
 failure up to there is an error and nothing changed. Once the record is on disk the decision
-has happened: the kind's mirrors (SKILL.md status, vector index, MLflow tags and alias), the
-caller's (`Mirror`, if it passes any) and the lifecycle's listeners (`ratchet.lifecycle.subscribe`:
+has happened: the kind's mirrors (SKILL.md status, vector index, MLflow tags and alias) and
+the lifecycle's listeners (every copy kept outside the kind, `ratchet.lifecycle.subscribe`:
 MLflow's agent versions and prompts, subscribed once where the library is opened,
 `ratchet.flows.agent_versions.follow`) are written after it, and one that fails is a warning
 in the `Outcome` ("the vector index mirror failed: …; it is retried …"), never an error. A
@@ -26,11 +26,10 @@ returning them); none of them writes MLflow's copy by hand.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ratchet.lifecycle import RETRY, TRANSITIONS, Record, Status, Warn, batch, check_input, mirror_failed
+from ratchet.lifecycle import TRANSITIONS, Record, Status, Warn, batch, check_input
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +63,6 @@ class Candidates(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Mirror:
-    """A copy of the decision kept outside the kind (MLflow's agent versions), written after
-    the record; `retry` says when it is written again if it fails now."""
-
-    what: str
-    write: Callable[[], object]
-    retry: str = RETRY
-
-
 @dataclass
 class Outcome:
     """What a decision did: every candidate whose status changed (a rollback retires the
@@ -96,7 +85,6 @@ def apply(
     who: str,
     why: str,
     expect: Status | None = None,
-    mirrors: Sequence[Mirror] = (),
 ) -> Outcome:
     """Apply `action` to candidate `name` as one transaction (module docstring): raises only
     if nothing was recorded; a mirror that failed afterwards is a warning in the outcome."""
@@ -107,24 +95,14 @@ def apply(
         if line not in warnings:  # the same mirror failing again on the retry is one warning
             warnings.append(line)
 
-    with batch(warn):  # the listeners hear the decision once, after the mirrors below
+    with batch(warn):  # the listeners hear the decision once, after the kind's mirrors
         if action == "rollback":
             changed = candidates.rollback(name, who=who, why=why, warn=warn)
         else:
             candidates.transition(name, ACTIONS[action], who=who, why=why, expect=expect, warn=warn)
             changed = [name]
         candidates.mirror(warn)  # also retries whatever an earlier change failed to mirror
-        run_mirrors(mirrors, warn)
     return Outcome(action, changed, warnings)
-
-
-def run_mirrors(mirrors: Sequence[Mirror], warn: Warn) -> None:
-    """Write each mirror; a failure is a warning (the decision it mirrors stands)."""
-    for m in mirrors:
-        try:
-            m.write()
-        except Exception as exc:  # noqa: BLE001 - a mirror never undoes or fails a decision
-            warn(mirror_failed(m.what, exc, m.retry))
 
 
 def decide(

@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ratchet import faults
-from ratchet.decisions import mirror_failed
 from ratchet.errors import SkillFileError, SkillStateError
 from ratchet.lifecycle import (
     AUDIT,
@@ -60,6 +59,7 @@ from ratchet.lifecycle import (
     batch,
     check_input,
     log_warning,
+    mirror_failed,
     read_log,
     shown,
 )

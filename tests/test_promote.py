@@ -95,7 +95,7 @@ def test_apply_decisions_moves_adapters_through_the_same_lifecycle(tmp_path: Pat
 
 
 def test_apply_decisions_reports_a_failed_mirror_as_a_warning_not_a_conflict(tmp_path: Path) -> None:
-    from ratchet.decisions import Mirror
+    from ratchet.lifecycle import Listener, subscribe
 
     settings = load_settings({"data_dir": tmp_path})
     library = open_library(settings)
@@ -104,12 +104,14 @@ def test_apply_decisions_reports_a_failed_mirror_as_a_warning_not_a_conflict(tmp
     (tmp_path / "index" / "chroma.sqlite3").write_bytes(b"not a database")  # damaged after filing
     library = open_library(settings)  # a fresh process opens it again
 
-    def mlflow_down() -> None:
+    def mlflow_down(changes: object) -> None:
         raise ConnectionError("connection refused")
 
-    result = apply_decisions(
-        library, ["a", "b"], [], who="ann", why="ok", mirrors=[Mirror("MLflow mirror", mlflow_down)]
-    )
+    unsubscribe = subscribe(Listener("MLflow mirror", mlflow_down))
+    try:
+        result = apply_decisions(library, ["a", "b"], [], who="ann", why="ok")
+    finally:
+        unsubscribe()
     assert (result.promoted, result.conflicts) == (["a", "b"], {})
     assert [r.to_status for r in library.history("a")][-1] == "promoted"
     assert any("promoted a; the vector index mirror failed" in w for w in result.warnings), result.warnings

@@ -36,7 +36,6 @@ from mlflow.tracking import MlflowClient
 
 from ratchet import faults
 from ratchet.config import Settings
-from ratchet.decisions import mirror_failed
 from ratchet.errors import AdapterError, AdapterStateError
 from ratchet.files import atomic_dir
 from ratchet.kinds import CandidateKind, register
@@ -49,6 +48,7 @@ from ratchet.lifecycle import (
     check_input,
     latest_evidence,
     log_warning,
+    mirror_failed,
     promoted_order,
 )
 from ratchet.types import Policy
