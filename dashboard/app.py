@@ -14,9 +14,8 @@ tab was opened with (`?token=`, see `dashboard.auth`).
 
 from __future__ import annotations
 
-from collections import Counter
-
 import getpass
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
