@@ -7,7 +7,8 @@ settings unless overridden) and accounts for the time three ways:
 * **server** — the engine worker's own clocks (`server.engine`, read from `/health` around
   every stage): prefill forwards, decode forwards, grammar masks, KV bookkeeping (prefix
   cache, rows merged in and out), the rest of its busy time (sampling, Python), and idle;
-  the worker is one thread, so these add up to the stage's wall time;
+  the worker is one thread, so these add up to the stage's wall time; and the server
+  process's resident memory at each stage's end and its peak so far;
 * **client** — thread-seconds summed over the rollout threads (8 at once, so they add up
   to more than the wall): waiting on the model (HTTP round trip, queueing included), the
   environment (reset, step, tool list), policy tools (sandbox), and the rest of a rollout
@@ -147,8 +148,9 @@ def run(args: Options) -> None:
                     k: after.get(k, 0) - before.get(k, 0)
                     for k in ("prompt_tokens", "prefilled_tokens", "generated_tokens", "requests")
                 }
+                row["server_memory_mb"] = {k: after[k] for k in ("rss_mb", "peak_rss_mb") if k in after}
                 stages.append(row)
-                print(f"gen {generation} {name:9s} {wall:7.1f} s", flush=True)
+                print(f"gen {generation} {name:9s} {wall:7.1f} s {row['server_memory_mb']}", flush=True)
 
         evolve.run_stage = profiled
         started = time.perf_counter()
@@ -168,7 +170,10 @@ def run(args: Options) -> None:
 def report(doc: dict[str, Any]) -> str:
     """The profile as markdown: stages, and the server's and the clients' time by part."""
     stages = doc["stages"]
-    lines = [f"whole run: {doc['wall_seconds'] / 60:.1f} min", ""]
+    lines = [f"whole run: {doc['wall_seconds'] / 60:.1f} min"]
+    if peaks := [r["server_memory_mb"]["peak_rss_mb"] for r in stages if r.get("server_memory_mb")]:
+        lines.append(f"server resident at its peak: {max(peaks) / 1024:.2f} GB")
+    lines.append("")
     head = ["gen", "stage", "wall s", "prefill", "decode", "grammar", "KV", "other busy", "idle"]
     lines += ["| " + " | ".join([*head, "prompt tok", "prefilled tok"]) + " |"]
     lines += ["|---|---|---|---|---|---|---|---|---|---|---|"]

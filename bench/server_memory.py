@@ -4,14 +4,17 @@ Agent rollouts send prompts that grow turn by turn: a fixed system prompt, then 
 adds an observation and the model's short reply, so every prompt extends the one before
 and the prefix cache reuses its keys and values. This plays `--sessions` such games of
 `--turns` turns each, 8 at a time, against a fresh `python -m ratchet.server` per
-configuration, and samples the server's resident memory (VmRSS) twice a second:
+configuration, samples the server's resident memory (VmRSS) twice a second, and reads it
+once more after `--idle` seconds without requests:
 
-* `before`: the prefix cache as it was, 32,768 tokens whatever the number format (so 1.5 GB
-  of keys and values in float32, 0.75 GB in bfloat16), glibc's default heaps;
-* `after`: the cache's budget in bytes (`server/prefix_cache.py:DEFAULT_BYTES`) and two
-  heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py` starts the server).
+* `keep`: freed memory stays mapped (`--keep-freed`, glibc's default);
+* `release`: the server as `ratchet` starts it: after half a second idle, freed memory goes
+  back to the OS (`server/memory.py`).
 
-Configurations alternate within each round (the machine is shared: compare within a run).
+Both with the prefix cache's default budget and two heaps (`MALLOC_ARENA_MAX=2`, as
+`server/launcher.py` starts the server). Configurations alternate within each round (the
+machine is shared: compare within a run). The first result, `server_memory.json`, compared
+the prefix cache's old token budget with its byte budget.
 
     .venv/bin/python -m bench server_memory [--dtypes bfloat16 float32] [--rounds 1]
 """
@@ -35,9 +38,7 @@ import httpx
 
 from bench.harness import ROOT, option, write_result
 
-OLD_PREFIX_TOKENS = 32_768
-# SmolLM2-135M: 30 layers x (keys, values) x 3 KV heads x 64 dims
-KV_VALUES_PER_TOKEN = 30 * 2 * 3 * 64
+CONFIGS = {"keep": ["--keep-freed"], "release": []}  # server flags
 WORDS = (
     "you are in the kitchen pantry corridor a the to north south east west door open coin "
     "fridge table move take look"
@@ -49,10 +50,11 @@ class Options:
     dtypes: list[str] = option(["bfloat16", "float32"], help="number formats to serve in")
     sessions: int = option(24, help="games played (8 at a time)")
     turns: int = option(12, help="turns per game: each prompt extends the one before")
-    rounds: int = option(1, help="before/after pairs per number format")
+    rounds: int = option(1, help="keep/release pairs per number format")
+    idle: float = option(3.0, help="seconds without requests before the last reading")
     models_dir: Path = option(ROOT / ".ratchet" / "test-models")
     port: int = option(8917)
-    out: str = option("server_memory", help="result name under bench/results/")
+    out: str = option("server_memory_release", help="result name under bench/results/")
 
 
 def rss_mb(pid: int) -> int:
@@ -65,13 +67,9 @@ def rss_mb(pid: int) -> int:
 def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
     args = [sys.executable, "-m", "ratchet.server", "--port", str(opts.port)]
     args += ["--models-dir", str(opts.models_dir), "--dtype", dtype]
+    args += CONFIGS[config]
     env = dict(os.environ, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-    env.pop("MALLOC_ARENA_MAX", None)
-    if config == "before":
-        per_token = KV_VALUES_PER_TOKEN * (2 if dtype == "bfloat16" else 4)
-        args += ["--prefix-cache-mb", str(OLD_PREFIX_TOKENS * per_token // 2**20)]
-    else:
-        env["MALLOC_ARENA_MAX"] = "2"
+    env["MALLOC_ARENA_MAX"] = "2"
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{opts.port}/v1"
     try:
@@ -118,10 +116,13 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
         wall = time.perf_counter() - started
         done.set()
         watcher.join()
+        end = rss_mb(proc.pid)
+        time.sleep(opts.idle)
         return {
             "loaded_mb": loaded,
             "peak_mb": peak[0],
-            "end_mb": rss_mb(proc.pid),
+            "end_mb": end,
+            "idle_mb": rss_mb(proc.pid),
             "wall_s": round(wall, 1),
             "requests_per_s": round(opts.sessions * opts.turns / wall, 3),
         }
@@ -134,7 +135,7 @@ def run(opts: Options) -> None:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for dtype in opts.dtypes:
         for r in range(opts.rounds):
-            order = ("before", "after") if r % 2 == 0 else ("after", "before")
+            order = ("keep", "release") if r % 2 == 0 else ("release", "keep")
             for config in order:
                 result = play(opts, dtype, config)
                 print(dtype, config, json.dumps(result), flush=True)
@@ -144,9 +145,10 @@ def run(opts: Options) -> None:
         med = {c: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for c, xs in by.items()}
         summary[dtype] = {
             **med,
-            "peak_after_over_before": round(med["after"]["peak_mb"] / med["before"]["peak_mb"], 3),
-            "throughput_after_over_before": round(
-                med["after"]["requests_per_s"] / med["before"]["requests_per_s"], 3
+            "idle_release_over_keep": round(med["release"]["idle_mb"] / med["keep"]["idle_mb"], 3),
+            "peak_release_over_keep": round(med["release"]["peak_mb"] / med["keep"]["peak_mb"], 3),
+            "throughput_release_over_keep": round(
+                med["release"]["requests_per_s"] / med["keep"]["requests_per_s"], 3
             ),
         }
     write_result(opts.out, {"summary": summary, "runs": runs}, opts)

@@ -105,9 +105,13 @@ def _progress() -> Iterator[None]:
             yield
 
 
-def _start_prefect() -> None:
-    """Prefect's API before the first flow (a new data dir migrates its database first)."""
+def _start_prefect(settings: Settings) -> None:
+    """Prefect's API before the first flow (a new data dir migrates its database first);
+    Prefect's and MLflow's own INFO lines go to the data dir's logs from here on."""
     from ratchet.flows.prefect_api import start_prefect_api
+    from ratchet.flows.service_logs import keep_service_logs
+
+    keep_service_logs(settings.logs_dir)
 
     with err.status("starting Prefect's API (the first run in a data dir prepares its database)"):
         start_prefect_api()
@@ -126,7 +130,7 @@ def _launch(target: str, settings: Settings, generation: int, gate: bool = False
 
     module, name = target.split(":")
     flow_obj = getattr(importlib.import_module(module), name)
-    _start_prefect()
+    _start_prefect(settings)
     with _progress():
         return run_flow(flow_obj, settings, generation=generation, **params)
 
@@ -251,7 +255,7 @@ def evolve(
         from ratchet.cli.evolve import print_evolution
         from ratchet.flows.evolve import evolve_flow
 
-        _start_prefect()
+        _start_prefect(settings)
         with _progress():
             journal = evolve_flow(settings=settings)
         print_evolution(settings, journal)

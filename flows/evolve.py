@@ -29,6 +29,7 @@ from ratchet.flows.journal import Journal
 from ratchet.flows.launch import task_runner
 from ratchet.flows.progress import StageEvent, report_stage
 from ratchet.flows.runtime import model_endpoint, preflight
+from ratchet.flows.service_logs import keep_service_logs
 
 
 def run_stage(settings: Settings, name: str, generation: int, url: str) -> tuple[Any, dict[str, Any], str]:
@@ -64,6 +65,7 @@ def evolve_flow(
     A deployment passes `config` (a ratchet.toml path) and `overrides` (dotted keys, no
     secrets) instead of `settings`: the Prefect server stores parameters as JSON."""
     settings = settings or settings_from(config, overrides)
+    keep_service_logs(settings.logs_dir)  # a deployment's run, too
     last = generations if generations is not None else settings.evolve.generations
     check_settings(settings)
     journal = Journal.load(settings)

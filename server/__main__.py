@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="the model's number format; auto: bfloat16 where the CPU has native bf16 units",
     )
+    p.add_argument(
+        "--keep-freed",
+        action="store_true",
+        help="keep freed memory mapped when idle (default: given back to the OS after 0.5 s idle)",
+    )
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)
     if args.parent_pid:
@@ -56,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         max_batch=args.max_batch,
         **({} if args.prefix_cache_mb is None else {"prefix_cache_bytes": args.prefix_cache_mb * 2**20}),
         dtype=resolve(args.dtype),
+        **({"release_idle_s": None} if args.keep_freed else {}),
     )
     app = create_app(engine, BASE_MODEL_NAME)
     try:

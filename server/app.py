@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.server.engine import AdapterError, Engine, GenRequest, GenResult
+from ratchet.server.memory import resident_mb
 from ratchet.toolcalls import read_cut_text, read_reply, render_tools, to_chatml_messages, tool_call_schema
 
 
@@ -77,6 +78,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             "dtype": str(engine.dtype).removeprefix("torch."),
             "adapters": sorted(engine.adapters),
             **engine.stats,
+            **resident_mb(),
         }
 
     @app.get("/v1/models")

@@ -52,9 +52,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ratchet.server import attention, prefix_cache
 from ratchet.server.kv_cache import GrowingCache, spare
+from ratchet.server.memory import release_free_memory
 from ratchet.server.prefix_cache import PrefixCache
 
 log = logging.getLogger("ratchet.server")
+
+RELEASE_IDLE_S = 0.5  # longer than the gap between an agent's steps, shorter than a stage change
 
 
 @dataclass
@@ -97,6 +100,7 @@ class Engine:
         forced_end: bool = True,
         attn_implementation: str = attention.NAME,
         dtype: torch.dtype = torch.float32,
+        release_idle_s: float | None = RELEASE_IDLE_S,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.dtype = dtype  # bf16 where the CPU multiplies it natively (`server.precision`)
@@ -110,6 +114,8 @@ class Engine:
         # a reply whose grammar forces its rest is finished without decoding it (`_forced_end`;
         # False: decoded token by token, as before; bench/results/forced_end.json)
         self.forced_end = forced_end
+        # idle this long after work: freed memory goes back to the OS (`server.memory`); None: never
+        self.release_idle_s = release_idle_s
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -229,10 +235,12 @@ class Engine:
         and each row is answered the moment it finishes."""
         pending: deque[GenRequest] = deque()
         batch: _Batch | None = None
+        worked = False  # since memory was last given back
         while True:
             try:
                 if batch is None and not pending:
-                    item = self._queue.get()
+                    item = self._next_request(worked)
+                    worked = True
                     if item is None:
                         return
                     pending.append(item)
@@ -254,6 +262,17 @@ class Engine:
                     log.exception("generation failed")
                     self._fail(batch, deque(), exc)
                     batch = None
+
+    def _next_request(self, worked: bool) -> GenRequest | None:
+        """Wait for a request; after work, a pause of `release_idle_s` first gives the freed
+        memory of the last batches back (a busy batch never waits here)."""
+        if worked and self.release_idle_s is not None:
+            try:
+                return self._queue.get(timeout=self.release_idle_s)
+            except queue.Empty:
+                with self._lock:
+                    release_free_memory()
+        return self._queue.get()
 
     @staticmethod
     def _fail(batch: _Batch | None, pending: deque[GenRequest], exc: BaseException) -> None:

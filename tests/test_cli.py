@@ -123,6 +123,9 @@ def test_run_starts_its_own_server_then_browse_trajectories(tmp_path, base_model
     assert any(re.search(r"gen 0 evaluate finished in [\d.]+ min: n=2 successes=\d", ln) for ln in lines)
     assert " INFO " not in proc.stderr and "…" not in proc.stdout, proc.stderr  # nothing cut to 80 columns
     assert (tmp_path / "data" / "logs" / "server.log").exists()
+    # Prefect's INFO lines: kept in the data dir, off the console
+    services = (tmp_path / "data" / "logs" / "services.log").read_text()
+    assert "Finished in state Completed()" in services and "Completed()" not in proc.stderr, services[-2000:]
     leftover = subprocess.run(
         ["pgrep", "-f", f"models-dir {tmp_path / 'data' / 'models'}"], capture_output=True, text=True
     )

@@ -129,6 +129,7 @@ def test_promote_a_verified_skill_in_the_browser(dashboard: tuple[str, Path, str
     assert requested and not elsewhere, elsewhere
 
 
+@pytest.mark.slow  # in CI: the same decision through the API (test_dashboard_api), a skill's in the browser
 def test_move_the_champion_adapter_in_the_browser(dashboard: tuple[str, Path, str], tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 

@@ -92,6 +92,7 @@ def test_deploy_without_a_prefect_server_is_one_clear_line(tmp_path: Path) -> No
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # in CI: the file's content is checked against what `ratchet deploy` builds (below)
 def test_prefect_yaml_deploys_to_a_work_pool(prefect_server: dict[str, str], tmp_path: Path) -> None:
     """The work-pool path: `prefect deploy` of deployments/prefect.yaml registers both, with the cron."""
     env = {**prefect_server, "RATCHET_HOME": str(ROOT), "RATCHET_CONFIG": str(tmp_path / "ratchet.toml")}

@@ -262,3 +262,30 @@ def test_folded_grouped_attention_gives_the_same_logits_to_the_bit(base_model_di
             out = model(input_ids=ids[:, tail], attention_mask=attn, position_ids=pos[:, tail], cache=cache)
             logits.append(out.logits)
     assert torch.equal(logits[0], logits[1])
+
+
+def test_an_idle_engine_gives_a_finished_batchs_memory_back(engines):
+    """glibc keeps freed heap pages mapped: without the idle release the server stays as
+    large as its largest batch (bench/server_memory.py). After a batch of long prompts and a
+    pause the resident memory falls again, and a busy engine answers as before."""
+    import random
+    import time
+
+    from ratchet.server.engine import GenRequest
+    from ratchet.server.memory import resident_mb
+
+    engine = engines[1]  # no prefix cache: what stays resident is only what a batch left
+    assert engine.release_idle_s is not None and engine.release_idle_s < 1
+    rng = random.Random(0)
+    reqs = [
+        GenRequest([rng.randrange(100, 40_000) for _ in range(400)], max_tokens=2, temperature=0)
+        for _ in range(4)
+    ]
+    for f in [engine.submit(r) for r in reqs]:
+        f.result()
+    after_batch = resident_mb()["rss_mb"]
+    time.sleep(engine.release_idle_s + 1.0)
+    idle = resident_mb()["rss_mb"]
+    assert idle < after_batch - 40, (after_batch, idle)  # 4 x 400 tokens: ~200 MB measured
+    again = engine.generate(GenRequest(reqs[0].prompt_ids, max_tokens=2, temperature=0))
+    assert again.token_ids == reqs[0].future.result().token_ids

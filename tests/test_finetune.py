@@ -54,7 +54,8 @@ def test_lora_learns_the_target_turns_and_reloads_identically(base_model_dir: Pa
     # two examples, four steps: enough to see it learn, half the CPU time of a batch of four
     cfg = load_settings({}).finetune.lora.model_copy(update={"epochs": 4, "batch_size": 2, "lr": 2e-3})
     model, tok = load_for_training(base_model_dir, cfg)
-    data = encode_all(_coin_examples(6), tok, cfg.max_tokens)[0][:2]  # gold paths vary: take 2 that fit
+    # the two shortest gold paths that fit: it learns the same way, in less CPU time
+    data = sorted(encode_all(_coin_examples(6), tok, cfg.max_tokens)[0], key=lambda e: len(e.input_ids))[:2]
     assert len(data) == 2
     learned = tok.decode([t for t in data[0].labels if t != IGNORE])
     assert learned.startswith('{"name":"act","arguments":{"action":') and learned.endswith("<|im_end|>")
@@ -76,6 +77,7 @@ def test_lora_learns_the_target_turns_and_reloads_identically(base_model_dir: Pa
     assert torch.allclose(trained_logits, again, atol=1e-4)
 
 
+@pytest.mark.slow  # in CI: the fine-tune stage's own test trains this way where the CPU has bf16 units
 @pytest.mark.skipif(
     not native_bf16(),
     reason="this CPU has no bf16 units: torch emulates bf16 products 9x slower than fp32 "
@@ -171,6 +173,11 @@ def test_finetune_trains_registers_gates_and_resumes_without_repeating(
     assert any(d.dataset.name == f"sft-{result.dataset}" for d in run.inputs.dataset_inputs)
     bf16 = dtype_name(settings.model.dtype) == "bfloat16"  # this CPU has bf16 units
     assert run.data.params["lora_precision"] == ("bf16-autocast" if bf16 else "float32")
+    import torch
+    from safetensors.torch import load_file
+
+    saved = load_file(registry.checked_path(v) / "adapter_model.safetensors")
+    assert saved and {t.dtype for t in saved.values()} == {torch.float32}  # bf16 products, fp32 adapter
     assert any(
         a.path.endswith("adapter_model.safetensors")
         for a in client.list_artifacts(v.run_id, f"adapters/{v.sha256[:12]}")
