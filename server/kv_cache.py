@@ -6,7 +6,8 @@ of ~600 tokens that is ~220 MB of copying per step on the 135M model, about what
 weights costs. `GrowingLayer` keeps keys and values in a buffer with spare columns, so a
 decode step writes one column; the buffer grows by an eighth when full (amortized O(1) per
 token; an agent's reply is a few decoded tokens, so spare room is mostly memory held for
-nothing: growing by half instead held ~160 MB more at the peak of 8 prompts of 2,000 tokens).
+nothing: bench/results/batch_memory.json, where growing by half peaked 0.17-0.32 GB higher
+after the first two batches of 8 prompts of 2,000 tokens and the same after the third).
 
 `self.keys` / `self.values` stay what transformers expects (the used columns, as views of the
 buffer). Anything that replaces them (slicing, selecting rows) is noticed on the next update
