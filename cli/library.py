@@ -67,11 +67,20 @@ def failures(
 @skills_app.command("list")
 def skills_list(
     status: StatusOpt = None,
-    kind: Annotated[str | None, typer.Option(help="procedure, guardrail, tool, rule or exemplar")] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="a kind the library files (an unknown one is refused with the list)")
+    ] = None,
     family: Annotated[str | None, typer.Option(help="suite:subset")] = None,
 ) -> None:
     """List skills with their status and provenance; refused files are named below the table."""
     with guard():
+        if kind is not None:  # before any state is opened
+            import ratchet.flows.runtime  # noqa: F401  (imports the modules that register the kinds)
+            from ratchet.kinds import kinds_in
+
+            known = [k.name for k in kinds_in("skills")]
+            if kind not in known:
+                raise ConfigError(f"no skill kind named {kind!r}", f"choose from {', '.join(known)}")
         _, library = _library()
         skills, errors = library.scan()
         table = Table("name", "kind", "status", "family", "gen", "from", "description")

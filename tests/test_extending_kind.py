@@ -156,3 +156,25 @@ def test_an_unknown_kind_is_one_clear_line(note_kind: CandidateKind) -> None:
         register(CandidateKind("note", "skills", add_notes, str))
     with pytest.raises(ValueError, match="not a registered kind of the skill library"):  # another store's
         Skill(name="x", description="x", body="x", kind="adapter", family="f:s", evolution="e", generation=0)
+
+
+def test_skills_list_takes_a_registered_kind_and_refuses_another_in_one_line(
+    note_kind: CandidateKind, tmp_path: Path
+) -> None:
+    """The CLI's --kind reads the registry: a kind a module registered is listed by name, an
+    unknown one is one line naming the registered ones, and nothing is created."""
+    from typer.testing import CliRunner
+
+    from ratchet.cli.main import app
+
+    def skills_list(kind: str):  # noqa: ANN202
+        data = str(tmp_path / "data")
+        return CliRunner().invoke(app, ["--data-dir", data, "skills", "list", "--kind", kind])
+
+    refused = skills_list("rulez")
+    lines = [ln for ln in refused.stderr.splitlines() if ln.strip()]
+    assert refused.exit_code == 2 and len(lines) == 1, refused.output
+    choices = lines[0].split("choose from")[1]
+    assert "'rulez'" in lines[0] and "rule" in choices and "note" in choices
+    assert not (tmp_path / "data").exists()
+    assert skills_list("note").exit_code == 0
