@@ -138,6 +138,7 @@ class Engine:
             "generated_tokens": 0,
             "forced_end_tokens": 0,  # tokens appended by `_forced_end` instead of decoded
             "forced_ends": 0,  # replies finished that way
+            "memory_releases": 0,  # idle pauses that gave freed memory back (`_next_request`)
             "prompt_tokens": 0,
             "prefilled_tokens": 0,
             "prefill_slots": 0,  # rows x width of every prefill forward: prefilled tokens plus padding
@@ -272,6 +273,7 @@ class Engine:
             except queue.Empty:
                 with self._lock:
                     release_free_memory()
+                    self.stats["memory_releases"] += 1
         return self._queue.get()
 
     @staticmethod

@@ -283,9 +283,10 @@ def test_an_idle_engine_gives_a_finished_batchs_memory_back(engines):
     ]
     for f in [engine.submit(r) for r in reqs]:
         f.result()
-    after_batch = resident_mb()["rss_mb"]
+    after_batch, releases = resident_mb()["rss_mb"], engine.stats["memory_releases"]
     time.sleep(engine.release_idle_s + 1.0)
     idle = resident_mb()["rss_mb"]
+    assert engine.stats["memory_releases"] == releases + 1  # once per idle pause, not per wait
     assert idle < after_batch - 40, (after_batch, idle)  # 4 x 400 tokens: ~200 MB measured
     again = engine.generate(GenRequest(reqs[0].prompt_ids, max_tokens=2, temperature=0))
     assert again.token_ids == reqs[0].future.result().token_ids
