@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from bench.harness import ROOT, option, write_result
+from ratchet.server.memory import resident_mb
 
 CONFIGS = {"keep": ["--keep-freed"], "release": []}  # server flags
 WORDS = (
@@ -58,10 +59,7 @@ class Options:
 
 
 def rss_mb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    return 0
+    return resident_mb(pid).get("rss_mb", 0)
 
 
 def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:

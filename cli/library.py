@@ -75,7 +75,7 @@ def skills_list(
     """List skills with their status and provenance; refused files are named below the table."""
     with guard():
         if kind is not None:  # before any state is opened
-            import ratchet.flows.runtime  # noqa: F401  (imports the modules that register the kinds)
+            import ratchet.skills.kinds  # noqa: F401  (registers the library's kinds)
             from ratchet.kinds import kinds_in
 
             known = [k.name for k in kinds_in("skills")]

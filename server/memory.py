@@ -34,11 +34,11 @@ def release_free_memory() -> bool:
     return bool(libc is not None and libc.malloc_trim(0))
 
 
-def resident_mb() -> dict[str, int]:
-    """This process's resident memory now and at its peak (VmRSS, VmHWM), in MiB; empty
-    where /proc is not there."""
+def resident_mb(pid: int | str = "self") -> dict[str, int]:
+    """A process's resident memory now and at its peak (VmRSS, VmHWM), in MiB (this one's
+    by default); empty where /proc is not there."""
     try:
-        lines = Path("/proc/self/status").read_text().splitlines()
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return {}
     out: dict[str, int] = {}
