@@ -123,6 +123,10 @@ def verify(console: Console, result: Any) -> None:
     console.print(table)
     if result.skipped:
         console.print(f"[dim]not tested (no dev tasks in this suite): {', '.join(result.skipped)}[/]")
+    if result.waiting:
+        console.print(
+            f"[dim]waiting for a later generation (verify.max_candidates): {', '.join(result.waiting)}[/]"
+        )
 
 
 def finetune(console: Console, result: Any) -> None:

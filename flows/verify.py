@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from ratchet.flows import evaluations, tracking
 from ratchet.flows.gate import file_verdict, promote_verified
 from ratchet.flows.rollouts import actor_settings, derive_seed, play
 from ratchet.flows.runtime import LoopRuntime, check_dev_size, open_runtime, policy_with
+from ratchet.kinds import kind_of
 from ratchet.lifecycle import batch
 from ratchet.skills.format import Skill
 from ratchet.skills.intervention import (
@@ -71,6 +73,7 @@ class VerifyResult:
     verdicts: list[Verdict] = field(default_factory=list)
     baseline_rollouts: int = 0
     skipped: list[str] = field(default_factory=list)  # candidates with no dev tasks in this suite
+    waiting: list[str] = field(default_factory=list)  # over verify.max_candidates: gated later
     interaction: GateDecision | None = None  # the newly verified set, tested together
 
     def counts(self) -> dict[str, float]:
@@ -83,6 +86,7 @@ class VerifyResult:
             "verify_candidate_rollouts": sum(v.rollouts for v in self.verdicts),
             "verify_replayed": sum(v.replayed for v in self.verdicts),
             "verify_baseline_rollouts": self.baseline_rollouts,
+            "verify_waiting": len(self.waiting),
         }
 
     def summary(self) -> dict[str, Any]:
@@ -90,7 +94,7 @@ class VerifyResult:
         by: dict[str, list[str]] = {"verified": [], "promoted": [], "rejected": []}
         for v in self.verdicts:
             by.setdefault(v.status, []).append(v.skill)
-        return {"champion": self.champion, **by, **self.counts()}
+        return {"champion": self.champion, **by, "waiting": self.waiting, **self.counts()}
 
     def render(self, console: Console, settings: Settings, run_id: str | None = None) -> None:
         from ratchet.flows import display
@@ -104,7 +108,7 @@ def arm_name(skill: Skill) -> str:
 
 def gate_config(s: Settings, dev_tasks: int) -> GateSettings:
     """The gate's settings for a dev split of `dev_tasks` tasks (its budget is capped by it)."""
-    fields = s.verify.model_dump(exclude={"promotion", "replay", "min_failures"})
+    fields = s.verify.model_dump(include=set(GateSettings.model_fields))
     return GateSettings(**fields | {"max_tasks": min(s.verify.max_tasks, dev_tasks)})
 
 
@@ -192,6 +196,35 @@ def foreclosed(rt: LoopRuntime, generation: int, champion: Policy, tasks: list[T
     return GateDecision("reject", why, 0, 0, 0, 0, 1.0, float(need), 0)
 
 
+def train_tasks(rt: LoopRuntime, skill: Skill) -> int:
+    """Distinct tasks among the trajectories `skill` came from: its evidence from explore (the
+    suite's expert demonstrations count, as the miners counted them)."""
+    found = (rt.store.get(i) for i in skill.provenance)
+    return len({t.task_id for t in found if t is not None})
+
+
+def gate_order(
+    candidates: list[Skill], cap: int, evidence: Callable[[Skill], int]
+) -> tuple[list[Skill], list[str]]:
+    """The candidates to gate now, at most `cap` per family (0: all), and the names of those
+    that wait for a later generation, still candidates.
+
+    Gating costs dev rollouts, most of them failures that play the whole step budget, so a
+    first generation that distilled many candidates spends most of its time there. Ranked per
+    family by the kind's `priority` (rules and tools, which act on the menu, before text the
+    model may ignore), then by `evidence` (distinct tasks they came from), then by name: the
+    order is the same whichever order the library listed them in."""
+    if cap == 0:
+        return candidates, []
+    by_family: dict[str, list[tuple[tuple[int, int, str], Skill]]] = defaultdict(list)
+    for c in candidates:
+        by_family[c.family].append(((kind_of(c.kind).priority, -evidence(c), c.name), c))
+    now: set[str] = set()
+    for ranked in by_family.values():
+        now |= {c.name for _, c in sorted(ranked, key=lambda r: r[0])[:cap]}
+    return [c for c in candidates if c.name in now], sorted(c.name for c in candidates if c.name not in now)
+
+
 def arm_settings(s: Settings, slot: RolloutSlot) -> ActorSettings:
     """How a gate's arm plays `slot`: greedy by default, its seed the same in every arm (paired)."""
     seed = derive_seed("verify", slot.task.id, slot.rollout)
@@ -215,7 +248,9 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
     rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])
 
     result.skipped = [c.name for c in candidates if not dev.get(c.family)]  # another suite's: wait
-    candidates = [c for c in candidates if dev.get(c.family)]
+    candidates, result.waiting = gate_order(
+        [c for c in candidates if dev.get(c.family)], s.verify.max_candidates, partial(train_tasks, rt)
+    )
     trials = {c.name: (policy_with(champion, [c]), dev[c.family]) for c in candidates}
     gates = run_gates(rt, generation, champion, trials, arm_of={c.name: arm_name(c) for c in candidates})
     result.baseline_rollouts = gates.baseline_rollouts
@@ -426,7 +461,13 @@ def _log(result: VerifyResult) -> None:
     mlflow.log_metrics(result.counts())
     rows = [asdict(v) | {"decision": asdict(v.decision)} for v in result.verdicts]
     together = asdict(result.interaction) if result.interaction else None
-    doc = {"champion": result.champion, "verdicts": rows, "interaction": together, "skipped": result.skipped}
+    doc = {
+        "champion": result.champion,
+        "verdicts": rows,
+        "interaction": together,
+        "skipped": result.skipped,
+        "waiting": result.waiting,
+    }
     mlflow.log_text(json.dumps(doc, indent=2), "verify/evidence.json")
     if result.verdicts:
         tracking.log_gate_plot(

@@ -251,6 +251,13 @@ class VerifySettings(GateSettings):
         description="champion failures a gate should hold: where its known dev success rate leaves "
         "fewer in splits.dev, the gate's dev tasks grow, a look at a time, up to max_tasks; 0 = splits.dev",
     )
+    max_candidates: int = Field(
+        default=0,
+        ge=0,
+        le=MANY,
+        description="candidates of one family gated in one generation, best evidence first (the kind's "
+        "priority, then distinct train tasks they came from); the rest wait, still candidates; 0 = all",
+    )
     replay: bool = Field(
         default=True,
         description="greedy arms: a candidate that only adds rules is not played on a dev task its rules "

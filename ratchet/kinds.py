@@ -13,6 +13,12 @@ A candidate is anything the loop proposes, gates and may make live. Its kind say
 * `template(candidate) -> str`: the candidate's live text, as MLflow's prompt and agent
   versions show it (`flows/agent_versions.py:skill_template`).
 * `label(name) -> str`: how a person sees one named ("adapter v3"; a skill by its name).
+* `priority`: the gate's order when a generation gates only some candidates of a family
+  (`verify.max_candidates`): lower first. Kinds that act whatever the model makes of them
+  (a rule narrows the menu, a bound tool's argument is forced valid) are 0; text the model
+  may ignore (procedure, guardrail, exemplar) is 1: on coin with the shipped 135M model no
+  candidate of those kinds was ever promoted, while rules and bound tools were
+  (bench/RESULTS.md, the headline's gates).
 
 `KINDS` is the registry, filled by the modules that own the candidates' types:
 `ratchet.skills.kinds` (procedure, guardrail, tool, rule, exemplar; imported by
@@ -54,6 +60,7 @@ class CandidateKind:
     template: Callable[[Any], str]
     label: Callable[[str], str] = same_name
     description: str = ""  # one line, for listings
+    priority: int = 1  # the gate's order under a cap (module docstring): lower first
 
     def __post_init__(self) -> None:
         if self.store not in STORES:

@@ -79,10 +79,14 @@ GUARDRAIL = register(
     )
 )
 TOOL = register(
-    CandidateKind("tool", "skills", add_tools, tool_template, description="an MCP tool run in the sandbox")
+    CandidateKind(
+        "tool", "skills", add_tools, tool_template, description="an MCP tool run in the sandbox", priority=0
+    )
 )
 RULE = register(
-    CandidateKind("rule", "skills", add_rules, rule_template, description="an action rule on the menu")
+    CandidateKind(
+        "rule", "skills", add_rules, rule_template, description="an action rule on the menu", priority=0
+    )
 )
 EXEMPLAR = register(
     CandidateKind("exemplar", "skills", add_exemplars, exemplar_template, description="solved tasks to show")

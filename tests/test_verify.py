@@ -20,12 +20,12 @@ from ratchet.agents.actor import build_actor
 from ratchet.agents.testing import ScriptedChatModel, call
 from ratchet.config import load_settings
 from ratchet.flows.runtime import LoopRuntime, policy_with
-from ratchet.flows.verify import BASELINE, verify_stage
+from ratchet.flows.verify import BASELINE, gate_order, verify_stage
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary
 from ratchet.suites import get_suite
-from ratchet.types import PromptRecord
+from ratchet.types import PromptRecord, RuleSpec
 
 FAMILY = "reasoning-gym:chain_sum"
 
@@ -265,6 +265,63 @@ def test_a_dev_split_too_small_for_the_gate_is_a_clear_error(runtime: LoopRuntim
     with pytest.raises(ConfigError, match="set splits.dev to at least 5"):
         _verify(runtime)
     assert runtime.library.get("noop").status == "candidate"  # nothing was decided
+
+
+def test_over_the_cap_the_rest_wait_as_candidates_and_are_gated_next_generation(tmp_path: Path) -> None:
+    with scripted_runtime(tmp_path, **{"verify.max_candidates": 1}) as rt:
+        lib = rt.library
+        assert lib is not None
+        lib.add(_skill("harm", "HARMFUL: answer minus one."))
+        lib.add(_skill("noop", "Read the question twice."))
+        first = _verify(rt, 0)
+        assert [v.skill for v in first.verdicts] == ["harm"] and first.waiting == ["noop"]
+        assert first.summary()["waiting"] == ["noop"]
+        assert lib.get("noop").status == "candidate" and [r.to_status for r in lib.history("noop")] == [
+            "candidate"
+        ]
+        noop_arm = f"cand-{lib.get('noop').content_hash}"
+        assert all(t.arm != noop_arm for t in rt.store.query(split="dev"))  # it cost no rollout
+        second = _verify(rt, 1)  # the one left is gated now
+        assert [v.skill for v in second.verdicts] == ["noop"] and second.waiting == []
+        assert lib.get("noop").status == "rejected"
+
+
+def _kinded(name: str, kind: str, family: str = FAMILY) -> Skill:
+    extra: dict[str, Any] = {}
+    if kind == "rule":
+        extra["rule"] = RuleSpec(name=name, no_repeat=True)
+    return _skill(name, "body").model_copy(update={"kind": kind, "family": family, **extra})
+
+
+def test_gate_order_puts_menu_kinds_first_then_evidence_per_family_in_any_listing_order() -> None:
+    other = "reasoning-gym:countdown"
+    cands = [
+        _kinded("guard", "guardrail"),  # 9 tasks of evidence, but text the model may ignore
+        _kinded("rule-thin", "rule"),  # 2
+        _kinded("rule-wide", "rule"),  # 5
+        _kinded("exemplar", "exemplar"),  # 4
+        _kinded("far", "procedure", other),  # another family: its own cap
+    ]
+    evidence = {"guard": 9, "rule-thin": 2, "rule-wide": 5, "exemplar": 4, "far": 1}.__getitem__
+    for listing in (cands, cands[::-1]):
+        now, waiting = gate_order(listing, 2, lambda c: evidence(c.name))
+        gated = {"rule-wide", "rule-thin", "far"}
+        assert [c.name for c in now] == [c.name for c in listing if c.name in gated]  # listing order kept
+        assert waiting == ["exemplar", "guard"]
+        now, waiting = gate_order(listing, 3, lambda c: evidence(c.name))
+        assert waiting == ["exemplar"]  # evidence orders within a priority: the guardrail's 9 beat 4
+    assert gate_order(cands, 0, lambda c: 0) == (cands, [])  # 0: no cap
+
+
+def test_a_candidates_evidence_is_the_distinct_tasks_of_its_stored_trajectories(runtime: LoopRuntime) -> None:
+    from ratchet.flows.verify import train_tasks
+    from tests.factories import traj
+
+    coin = "textworld-express:coin:train:"
+    for tid, task in [("a", 1), ("b", 1), ("c", 2), ("d", 3)]:
+        runtime.store.put(traj(["move north"], success=True, task=f"{coin}{task}", tid=tid))
+    skill = _skill("s", "body").model_copy(update={"provenance": ["a", "b", "c", "gone"]})
+    assert train_tasks(runtime, skill) == 2  # two rollouts of one task are one piece of evidence
 
 
 def _runtime_with(tmp_path: Path, rule: Any) -> LoopRuntime:
