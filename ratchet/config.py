@@ -251,8 +251,10 @@ class VerifySettings(GateSettings):
         description="champion failures a gate should hold: where its known dev success rate leaves "
         "fewer in splits.dev, the gate's dev tasks grow, a look at a time, up to max_tasks; 0 = splits.dev",
     )
+    # 5: a first coin generation distilled 7-9 candidates, and the procedures, guardrails and
+    # exemplars among them were futile in every gate with the shipped model (bench/RESULTS.md)
     max_candidates: int = Field(
-        default=0,
+        default=5,
         ge=0,
         le=MANY,
         description="candidates of one family gated in one generation, best evidence first (the kind's "

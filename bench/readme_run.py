@@ -1,0 +1,117 @@
+"""The README's run command, as a new user runs it: `ratchet evolve` from fresh data dirs.
+
+Each round starts `.venv/bin/ratchet evolve` (the README's second command, nothing added
+but the data dir and, per `--dtypes`, `RATCHET_MODEL__DTYPE`) in a new process on a new data
+dir, its output going to a file (not a terminal: the plain progress lines), and keeps:
+
+* the wall time from process start to exit, and the exit code;
+* the last generation's held-out result beside random's on the same tasks, the paired sign
+  test's p-value, and whether it is above random (p ≤ 0.05), from the evolve journal;
+* every generation's row (what was promoted, rejected, how long), and the table it printed.
+
+dtypes alternate within each round, so both see the same machine. The data dir's models/
+is the checkout's converted model, linked (converting it again is ~20 s of every run).
+
+    .venv/bin/python -m bench readme_run [--rounds 3] [--dtypes bfloat16 float32] [--set KEY=VALUE ...]
+
+Writes bench/results/NAME.json (default readme_run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.harness import bench_settings, fresh_data_dir, option, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Options:
+    rounds: int = option(3, "fresh data dirs per dtype")
+    dtypes: list[str] = option(["bfloat16", "float32"], "model.dtype of each run (auto: the CPU decides)")
+    set: list[str] = option(
+        [], "extra settings, KEY=VALUE, as RATCHET_* variables (none: the README run)"
+    )
+    keep: bool = option(False, "keep the data dirs (their paths are in the result)")
+    name: str = option("readme_run", "result file name under bench/results")
+
+
+def env_for(dtype: str, overrides: list[str]) -> dict[str, str]:
+    """The environment of one run: this one, with the dtype and any overrides as RATCHET_* variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "PREFECT_", "MLFLOW_"))}
+    for item in [f"model.dtype={dtype}", *overrides]:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set takes KEY=VALUE, not {item!r}")
+        env["RATCHET_" + key.upper().replace(".", "__")] = value
+    return env
+
+
+def one_run(dtype: str, overrides: list[str], keep: bool) -> dict[str, object]:
+    from ratchet.flows.journal import Journal
+
+    data = fresh_data_dir(f"ratchet-readme-{dtype}-")
+    log = data / "run.log"
+    started = time.monotonic()
+    with log.open("w") as out:
+        code = subprocess.call(
+            [str(ROOT / ".venv" / "bin" / "ratchet"), "--data-dir", str(data), "evolve"],
+            cwd=ROOT,
+            env=env_for(dtype, overrides),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    wall = time.monotonic() - started
+    text = log.read_text()
+    rows = [asdict(r) for r in Journal.load(bench_settings(data, {})).rows()] if code == 0 else []
+    last = rows[-1] if rows else {}
+    p = last.get("vs_random_p")
+    result = {
+        "dtype": dtype,
+        "exit_code": code,
+        "wall_minutes": round(wall / 60, 2),
+        "test": f"{last.get('test_successes')}/{last.get('test_n')}" if last else None,
+        "random": last.get("random_success"),
+        "vs_random_p": p,
+        "above_random": p is not None and p <= 0.05,
+        "promoted": [name for r in rows for name in r["promoted"]],
+        "rows": rows,
+        "output_tail": text.splitlines()[-12:],
+        "data_dir": str(data) if keep else None,
+    }
+    if not keep:
+        shutil.rmtree(data, ignore_errors=True)
+    return result
+
+
+def run(opts: Options) -> int:
+    runs: list[dict[str, object]] = []
+    for r in range(opts.rounds):
+        for dtype in opts.dtypes:
+            one = one_run(dtype, opts.set, opts.keep)
+            runs.append({"round": r, **one})
+            print(
+                f"round {r} {dtype}: {one['wall_minutes']} min, exit {one['exit_code']}, test {one['test']}, "
+                f"random {one['random']}, p = {one['vs_random_p']}, promoted {one['promoted']}",
+                flush=True,
+            )
+    summary = {}
+    for dtype in opts.dtypes:
+        mine = [x for x in runs if x["dtype"] == dtype]
+        summary[dtype] = {
+            "runs": len(mine),
+            "above_random": sum(bool(x["above_random"]) for x in mine),
+            "median_minutes": statistics.median(float(x["wall_minutes"]) for x in mine),  # type: ignore[arg-type]
+            "max_minutes": max(float(x["wall_minutes"]) for x in mine),  # type: ignore[arg-type]
+        }
+        print(f"{dtype}: above random in {summary[dtype]['above_random']} of {len(mine)}, {summary[dtype]}")
+    write_result(opts.name, {"python": sys.version.split()[0], "summary": summary, "runs": runs}, opts)
+    return 0 if all(x["exit_code"] == 0 for x in runs) else 1
