@@ -107,3 +107,19 @@ def test_write_result_keeps_the_arguments(tmp_path: Path, monkeypatch: pytest.Mo
     }
     elsewhere = harness.write_result("toy", {"n": 1}, toy, path=tmp_path / "sub" / "other.json")
     assert json.loads(elsewhere.read_text())["args"]["data"] == "/data/run"
+
+
+def test_readme_run_passes_settings_as_the_variables_the_cli_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.readme_run import env_for
+    from ratchet.config import load_settings
+
+    monkeypatch.setenv("RATCHET_SPLITS__TEST", "99")  # the caller's own settings must not leak in
+    env = env_for("float32", ["splits.train=8", "verify.max_candidates=3"])
+    assert "RATCHET_SPLITS__TEST" not in env
+    for key in [k for k in env if k.startswith("RATCHET_")]:
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.delenv("RATCHET_SPLITS__TEST")
+    s = load_settings({})
+    assert (s.model.dtype, s.splits.train, s.verify.max_candidates) == ("float32", 8, 3)
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        env_for("bfloat16", ["splits.train"])
