@@ -244,13 +244,12 @@ def verify_stage(rt: LoopRuntime, generation: int, who: str = "verify") -> Verif
         return result
     dev = dev_split(rt, champion, generation)
     check_dev_size(s, {family: len(tasks) for family, tasks in dev.items()})
-    promoted_tools = rt.library.list(status="promoted", kind="tool")
-    rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])
-
     result.skipped = [c.name for c in candidates if not dev.get(c.family)]  # another suite's: wait
     candidates, result.waiting = gate_order(
         [c for c in candidates if dev.get(c.family)], s.verify.max_candidates, partial(train_tasks, rt)
     )
+    promoted_tools = rt.library.list(status="promoted", kind="tool")
+    rt.use_tools(promoted_tools + [c for c in candidates if c.kind == "tool"])  # a waiting tool is not bound
     trials = {c.name: (policy_with(champion, [c]), dev[c.family]) for c in candidates}
     gates = run_gates(rt, generation, champion, trials, arm_of={c.name: arm_name(c) for c in candidates})
     result.baseline_rollouts = gates.baseline_rollouts
