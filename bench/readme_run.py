@@ -37,9 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Options:
     rounds: int = option(3, "fresh data dirs per dtype")
     dtypes: list[str] = option(["bfloat16", "float32"], "model.dtype of each run (auto: the CPU decides)")
-    set: list[str] = option(
-        [], "extra settings, KEY=VALUE, as RATCHET_* variables (none: the README run)"
-    )
+    set: list[str] = option([], "extra settings, KEY=VALUE, as RATCHET_* variables (none: the README run)")
     keep: bool = option(False, "keep the data dirs (their paths are in the result)")
     name: str = option("readme_run", "result file name under bench/results")
 
