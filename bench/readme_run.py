@@ -26,11 +26,8 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from bench.harness import bench_settings, fresh_data_dir, option, write_result
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench.harness import ROOT, fresh_data_dir, option, write_result
 
 
 @dataclass
@@ -42,18 +39,27 @@ class Options:
     name: str = option("readme_run", "result file name under bench/results")
 
 
-def env_for(dtype: str, overrides: list[str]) -> dict[str, str]:
-    """The environment of one run: this one, with the dtype and any overrides as RATCHET_* variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "PREFECT_", "MLFLOW_"))}
+def settings_of(dtype: str, overrides: list[str]) -> dict[str, str]:
+    """The settings one run changes from the README's: its dtype, then `--set`'s KEY=VALUE."""
+    out: dict[str, str] = {}
     for item in [f"model.dtype={dtype}", *overrides]:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set takes KEY=VALUE, not {item!r}")
+        out[key] = value
+    return out
+
+
+def env_for(dtype: str, overrides: list[str]) -> dict[str, str]:
+    """The environment of one run: this one, with the dtype and any overrides as RATCHET_* variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "PREFECT_", "MLFLOW_"))}
+    for key, value in settings_of(dtype, overrides).items():
         env["RATCHET_" + key.upper().replace(".", "__")] = value
     return env
 
 
 def one_run(dtype: str, overrides: list[str], keep: bool) -> dict[str, object]:
+    from ratchet.config import load_settings
     from ratchet.flows.journal import Journal
 
     data = fresh_data_dir(f"ratchet-readme-{dtype}-")
@@ -69,7 +75,8 @@ def one_run(dtype: str, overrides: list[str], keep: bool) -> dict[str, object]:
         )
     wall = time.monotonic() - started
     text = log.read_text()
-    rows = [asdict(r) for r in Journal.load(bench_settings(data, {})).rows()] if code == 0 else []
+    settings = load_settings({"data_dir": data, **settings_of(dtype, overrides)})  # the run's journal path
+    rows = [asdict(r) for r in Journal.load(settings).rows()] if code == 0 else []
     last = rows[-1] if rows else {}
     p = last.get("vs_random_p")
     result = {

@@ -214,14 +214,18 @@ def gate_order(
     family by the kind's `priority` (rules and tools, which act on the menu, before text the
     model may ignore), then by `evidence` (distinct tasks they came from), then by name: the
     order is the same whichever order the library listed them in."""
-    if cap == 0:
-        return candidates, []
-    by_family: dict[str, list[tuple[tuple[int, int, str], Skill]]] = defaultdict(list)
+    by_family: dict[str, list[Skill]] = defaultdict(list)
     for c in candidates:
-        by_family[c.family].append(((kind_of(c.kind).priority, -evidence(c), c.name), c))
+        by_family[c.family].append(c)
     now: set[str] = set()
-    for ranked in by_family.values():
-        now |= {c.name for _, c in sorted(ranked, key=lambda r: r[0])[:cap]}
+    for members in by_family.values():  # evidence reads stored trajectories: only where a family is over
+        over = cap and len(members) > cap
+        ranked = (
+            sorted(members, key=lambda c: (kind_of(c.kind).priority, -evidence(c), c.name))
+            if over
+            else members
+        )
+        now |= {c.name for c in ranked[: cap or None]}
     return [c for c in candidates if c.name in now], sorted(c.name for c in candidates if c.name not in now)
 
 

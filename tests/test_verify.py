@@ -302,7 +302,8 @@ def test_gate_order_puts_menu_kinds_first_then_evidence_per_family_in_any_listin
         _kinded("exemplar", "exemplar"),  # 4
         _kinded("far", "procedure", other),  # another family: its own cap
     ]
-    evidence = {"guard": 9, "rule-thin": 2, "rule-wide": 5, "exemplar": 4, "far": 1}.__getitem__
+    # no entry for "far": a family under the cap is not ranked, so its evidence is never read
+    evidence = {"guard": 9, "rule-thin": 2, "rule-wide": 5, "exemplar": 4}.__getitem__
     for listing in (cands, cands[::-1]):
         now, waiting = gate_order(listing, 2, lambda c: evidence(c.name))
         gated = {"rule-wide", "rule-thin", "far"}
