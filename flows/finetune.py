@@ -15,7 +15,9 @@ generations. The stage is skipped when fewer than `finetune.min_new_successes` k
 walk an action path no earlier adapter learned: a rollout that repeats a learned path under a
 new id is no new data (`training/dataset.py:new_paths`), and when no adapter could pass its
 gate: the champion, greedy on the same seeds, solves so many of the dev tasks that fewer are
-left to repair than a pass needs (`flows/verify.py:foreclosed`).
+left to repair than a pass needs (`flows/verify.py:foreclosed`), and in a generation whose
+verify changed the champion after explore (`champion_changed`): the adapter would be gated
+against a champion none of its data came from; the next generation explores with it.
 With a remote policy endpoint (`finetune.mode = "auto"`) there are no local weights to train:
 the stage writes the dataset as an OpenAI fine-tuning JSONL file, says where, and the loop
 goes on. `finetune.mode = "off"` skips the stage and
@@ -104,6 +106,23 @@ def train_successes(s: Settings, store: TrajectoryStore) -> list[Trajectory]:
     return [t for t in found if t.kind in kinds]
 
 
+def champion_changed(rt: LoopRuntime, generation: int, champion: Policy) -> str | None:
+    """Why training waits, if this generation's explore played another champion than the live one
+    (verify promoted something since); None if it played this one, or this generation explored nothing."""
+    s = rt.settings
+    played = {
+        t.policy_version
+        for t in rt.store.summaries(evolution=s.evolution, generation=generation, split="train", kind="agent")
+    }
+    if not played or champion.version in played:
+        return None
+    return (
+        f"the champion changed after this generation's explore (policy {champion.version}, explored "
+        f"with {', '.join(sorted(played))}): training waits for rollouts it played "
+        "(finetune.wait_for_champion)"
+    )
+
+
 def training_dataset(s: Settings, successes: list[Trajectory]) -> Dataset:
     """The dataset the stage trains on: the clean ones of `train_successes`."""
     return build_dataset(successes, s.finetune.per_task, s.finetune.loops == "drop")
@@ -138,6 +157,8 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
             )
             return FinetuneResult("skipped", why, data.version, counts)
         champion = rt.live_policy()
+        if s.finetune.wait_for_champion and (why := champion_changed(rt, generation, champion)):
+            return FinetuneResult("skipped", why, data.version, counts)
         if (stop := foreclosed(rt, generation, champion, _dev_tasks(rt, champion, generation))) is not None:
             why = f"no adapter could pass its gate: {stop.reason}"
             return FinetuneResult("skipped", why, data.version, counts)

@@ -49,6 +49,7 @@ experts = true
 mode = "lora"
 experts = true
 min_new_successes = 1
+wait_for_champion = false  # the adapter's fault points need a training in generation 1 either way
 [finetune.lora]
 epochs = 1
 max_tokens = 512

@@ -12,6 +12,7 @@ import pytest
 
 from ratchet.agents.rollout import RolloutSlot, run_expert
 from ratchet.config import Settings, load_settings
+from ratchet.flows import finetune
 from ratchet.flows.explore import seed_experts
 from ratchet.flows.finetune import finetune_flow
 from ratchet.flows.launch import run_flow
@@ -20,7 +21,9 @@ from ratchet.server.precision import dtype_name, native_bf16
 from ratchet.suites import get_suite
 from ratchet.training.dataset import build_dataset
 from ratchet.training.registry import AdapterRegistry, adapter_sha256
+from ratchet.types import Trajectory
 from tests.conftest import TEST_MODELS
+from tests.factories import traj
 
 pytestmark = pytest.mark.integration
 
@@ -202,6 +205,32 @@ def test_too_few_new_successes_skip_the_stage(embedded_server: str, tmp_path: Pa
     _seed(settings, embedded_server)
     result = run_flow(finetune_flow, settings, generation=0, base_url=embedded_server)
     assert result.action == "skipped" and "6 new clean successes" in result.reason
+    assert AdapterRegistry(settings).list() == []
+
+
+def test_training_waits_for_a_champion_changed_after_explore(embedded_server: str, tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    _seed(settings, embedded_server)
+
+    def explored(generation: int, version: str, i: int) -> Trajectory:
+        t = traj(["look"], success=False, tid=f"explored-{generation}-{i}")
+        update = {"evolution": settings.evolution, "generation": generation, "policy_version": version}
+        return t.model_copy(update=update)
+
+    with open_runtime(settings, embedded_server) as rt:
+        live = rt.live_policy()
+        # generation 3 explored with another champion (verify promoted a skill since); generation
+        # 4 with the live one as well; generation 2 explored nothing
+        for t in [explored(3, "0ldchampion0", 0), explored(3, "0ldchampion0", 1)]:
+            rt.store.put(t)
+        rt.store.put(explored(4, "0ldchampion0", 0))
+        rt.store.put(explored(4, live.version, 1))
+        assert "champion changed" in (finetune.champion_changed(rt, 3, live) or "")
+        assert finetune.champion_changed(rt, 4, live) is None
+        assert finetune.champion_changed(rt, 2, live) is None
+    result = run_flow(finetune_flow, settings, generation=3, base_url=embedded_server)
+    assert result.action == "skipped" and "champion changed" in result.reason
+    assert live.version in result.reason
     assert AdapterRegistry(settings).list() == []
 
 
