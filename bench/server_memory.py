@@ -9,14 +9,18 @@ once more after `--idle` seconds without requests:
 
 * `keep`: freed memory stays mapped (`--keep-freed`, glibc's default);
 * `release`: the server as `ratchet` starts it: after half a second idle, freed memory goes
-  back to the OS (`server/memory.py`).
+  back to the OS (`server/memory.py`);
+* `one-forward`: every prefill in one forward (`--prefill-chunk 0`);
+* `chunked`: the server as `ratchet` starts it: prefills in forwards of at most 2,048 query
+  tokens (`server/engine.py:PREFILL_CHUNK`).
 
-Both with the prefix cache's default budget and two heaps (`MALLOC_ARENA_MAX=2`, as
-`server/launcher.py` starts the server). Configurations alternate within each round (the
-machine is shared: compare within a run). The first result, `server_memory.json`, compared
-the prefix cache's old token budget with its byte budget.
+`--configs A B` compares two of them (the summary's ratios are B over A), each with the
+prefix cache's default budget and two heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py`
+starts the server). Configurations alternate within each round (the machine is shared:
+compare within a run). The first result, `server_memory.json`, compared the prefix cache's
+old token budget with its byte budget; `server_memory_release.json` keep with release.
 
-    .venv/bin/python -m bench server_memory [--dtypes bfloat16 float32] [--rounds 1]
+    .venv/bin/python -m bench server_memory [--configs one-forward chunked] [--dtypes bfloat16 float32]
 """
 
 from __future__ import annotations
@@ -39,7 +43,12 @@ import httpx
 from bench.harness import ROOT, option, write_result
 from ratchet.server.memory import resident_mb
 
-CONFIGS = {"keep": ["--keep-freed"], "release": []}  # server flags
+CONFIGS = {  # server flags
+    "keep": ["--keep-freed"],
+    "release": [],
+    "one-forward": ["--prefill-chunk", "0"],
+    "chunked": [],
+}
 WORDS = (
     "you are in the kitchen pantry corridor a the to north south east west door open coin "
     "fridge table move take look"
@@ -48,6 +57,7 @@ WORDS = (
 
 @dataclass
 class Options:
+    configs: list[str] = option(["one-forward", "chunked"], help=f"two of {', '.join(CONFIGS)}")
     dtypes: list[str] = option(["bfloat16", "float32"], help="number formats to serve in")
     sessions: int = option(24, help="games played (8 at a time)")
     turns: int = option(12, help="turns per game: each prompt extends the one before")
@@ -55,7 +65,7 @@ class Options:
     idle: float = option(3.0, help="seconds without requests before the last reading")
     models_dir: Path = option(ROOT / ".ratchet" / "test-models")
     port: int = option(8917)
-    out: str = option("server_memory_release", help="result name under bench/results/")
+    out: str = option("server_memory_chunked", help="result name under bench/results/")
 
 
 def rss_mb(pid: int) -> int:
@@ -130,11 +140,13 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
 
 
 def run(opts: Options) -> None:
+    if len(opts.configs) != 2 or not set(opts.configs) <= set(CONFIGS):
+        raise SystemExit(f"--configs takes two of {', '.join(CONFIGS)}")
+    a, b = opts.configs
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for dtype in opts.dtypes:
         for r in range(opts.rounds):
-            order = ("keep", "release") if r % 2 == 0 else ("release", "keep")
-            for config in order:
+            for config in (a, b) if r % 2 == 0 else (b, a):
                 result = play(opts, dtype, config)
                 print(dtype, config, json.dumps(result), flush=True)
                 runs.setdefault(dtype, {}).setdefault(config, []).append(result)
@@ -143,10 +155,8 @@ def run(opts: Options) -> None:
         med = {c: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for c, xs in by.items()}
         summary[dtype] = {
             **med,
-            "idle_release_over_keep": round(med["release"]["idle_mb"] / med["keep"]["idle_mb"], 3),
-            "peak_release_over_keep": round(med["release"]["peak_mb"] / med["keep"]["peak_mb"], 3),
-            "throughput_release_over_keep": round(
-                med["release"]["requests_per_s"] / med["keep"]["requests_per_s"], 3
-            ),
+            f"idle_{b}_over_{a}": round(med[b]["idle_mb"] / med[a]["idle_mb"], 3),
+            f"peak_{b}_over_{a}": round(med[b]["peak_mb"] / med[a]["peak_mb"], 3),
+            f"throughput_{b}_over_{a}": round(med[b]["requests_per_s"] / med[a]["requests_per_s"], 3),
         }
     write_result(opts.out, {"summary": summary, "runs": runs}, opts)

@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep freed memory mapped when idle (default: given back to the OS after 0.5 s idle)",
     )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="query tokens per prefill forward; longer prefills run in chunks (default 2048; 0: one forward)",
+    )
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)
     if args.parent_pid:
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         **({} if args.prefix_cache_mb is None else {"prefix_cache_bytes": args.prefix_cache_mb * 2**20}),
         dtype=resolve(args.dtype),
         **({"release_idle_s": None} if args.keep_freed else {}),
+        **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
     )
     app = create_app(engine, BASE_MODEL_NAME)
     try:

@@ -9,7 +9,10 @@ row is answered as soon as it stops. Prompt prefixes seen before are not prefill
 (`server.prefix_cache`). Requests admitted together are prefilled in groups of similar
 new-token counts (`prefill_groups`): one padded forward costs every row the longest row's
 width, and an agent's step (tens of new tokens after its cached prefix) that lands beside a
-fresh prompt (hundreds) would otherwise pay for the fresh one.
+fresh prompt (hundreds) would otherwise pay for the fresh one. A prefill wider than
+`PREFILL_CHUNK` query tokens runs in chunks of columns, each a forward over the cache the
+ones before it filled: the same attention for every token, and what one forward allocates
+beside the cache is bounded by the chunk instead of the prompt (`prefill_chunks`).
 
 Constrained replies are not decoded where the grammar decides them: the text it forces at
 the start (`{"name":"act","arguments":{"action":"`) is prefilled with the prompt, and once a
@@ -58,6 +61,11 @@ from ratchet.server.prefix_cache import PrefixCache
 log = logging.getLogger("ratchet.server")
 
 RELEASE_IDLE_S = 0.5  # longer than the gap between an agent's steps, shorter than a stage change
+# A prefill's forward takes at most this many query tokens (rows x columns); a longer prefill
+# runs in chunks of columns, each attending to the cache the earlier ones filled. What a forward
+# allocates beside the cache (attention masks over every key, MLP activations) grows with its
+# query tokens: a cold batch of 8 prompts of 2,000 tokens held ~0.45 GB of it in one forward.
+PREFILL_CHUNK = 2048
 
 
 @dataclass
@@ -101,6 +109,7 @@ class Engine:
         attn_implementation: str = attention.NAME,
         dtype: torch.dtype = torch.float32,
         release_idle_s: float | None = RELEASE_IDLE_S,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.dtype = dtype  # bf16 where the CPU multiplies it natively (`server.precision`)
@@ -116,6 +125,8 @@ class Engine:
         self.forced_end = forced_end
         # idle this long after work: freed memory goes back to the OS (`server.memory`); None: never
         self.release_idle_s = release_idle_s
+        # query tokens per prefill forward (`PREFILL_CHUNK`); 0: every prefill in one forward
+        self.prefill_chunk = prefill_chunk
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -385,14 +396,15 @@ class Engine:
             input_ids[i, width - len(new) :] = torch.tensor(new)
             positions[i, width - len(new) :] = torch.arange(m, len(p))
         with self._clock("prefill_seconds"):
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attn,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            for start, end in prefill_chunks(n, width, self.prefill_chunk):
+                out = self.model(
+                    input_ids=input_ids[:, start:end],
+                    attention_mask=attn[:, : past + end],
+                    position_ids=positions[:, start:end],
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
         with self._clock("kv_seconds"):
             for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
                 cols = torch.cat(
@@ -541,6 +553,13 @@ class Engine:
         return b
 
 
+def prefill_chunks(rows: int, width: int, budget: int) -> list[tuple[int, int]]:
+    """Column ranges [start, end) of a prefill `width` columns wide, each at most `budget`
+    query tokens over `rows` rows (at least one column; `budget` 0: one range)."""
+    step = width if budget <= 0 else max(1, budget // rows)
+    return [(start, min(width, start + step)) for start in range(0, width, step)]
+
+
 def prefill_groups(new_tokens: list[int], slack: int = 16) -> list[list[int]]:
     """Row indices grouped for prefill, shortest first: a row joins the current group while
     its new-token count is at most twice the group's smallest plus `slack`, so no row pays
@@ -590,7 +609,7 @@ class _Batch:
 def _past_cache(hits: list[tuple[int, Any]], past: int, room: int) -> GrowingCache:
     """A batch cache holding each row's cached prefix, right-aligned to `past` columns, with
     room for `room` more columns (the prefill's) and then some (the decode steps')."""
-    cache = GrowingCache()
+    cache = GrowingCache(room=room)
     if not past:
         return cache
     n = len(hits)

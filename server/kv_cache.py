@@ -17,6 +17,7 @@ which keep the spare columns.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,8 +29,9 @@ GROWTH = 0.125  # and at least this share of its used columns (amortized O(1) ap
 
 
 class GrowingLayer(DynamicLayer):
-    def __init__(self) -> None:
+    def __init__(self, room: int = 0) -> None:
         super().__init__()
+        self._room = room  # columns the first buffer is made for (a chunked prefill's whole width)
         self._k: torch.Tensor | None = None  # [rows, heads, capacity, dim]
         self._v: torch.Tensor | None = None
         self._used = 0
@@ -42,7 +44,8 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
         if not self._owns_views() or self._k is None or self._k.shape[-2] < self._used + new:
-            self._rebuild(key_states, value_states, room=new)
+            first = self._k is None and not self.keys.numel()
+            self._rebuild(key_states, value_states, room=max(new, self._room) if first else new)
         assert self._k is not None and self._v is not None
         self._k[:, :, self._used : self._used + new] = key_states
         self._v[:, :, self._used : self._used + new] = value_states
@@ -98,11 +101,12 @@ class GrowingLayer(DynamicLayer):
 
 
 class GrowingCache(DynamicCache):
-    """A `DynamicCache` of `GrowingLayer`s."""
+    """A `DynamicCache` of `GrowingLayer`s; `room`: columns an empty cache's layers are made for
+    on their first update (a prefill in chunks fills them without growing them chunk by chunk)."""
 
-    def __init__(self) -> None:
+    def __init__(self, room: int = 0) -> None:
         super().__init__()
-        self.layer_class_to_replicate = GrowingLayer
+        self.layer_class_to_replicate = partial(GrowingLayer, room)  # type: ignore[assignment]
 
     def adopt(self, layer: int, keys: torch.Tensor, values: torch.Tensor, used: int) -> None:
         while len(self.layers) <= layer:

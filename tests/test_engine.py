@@ -153,6 +153,50 @@ def test_grouped_prefill_pads_less_and_answers_the_same(base_model_dir, engines)
     assert slots[True] * 2 < slots[False]
 
 
+def test_prefill_chunks_cover_the_width_within_the_budget():
+    from ratchet.server.engine import prefill_chunks
+
+    assert prefill_chunks(8, 2000, 0) == [(0, 2000)]  # off: one forward
+    assert prefill_chunks(8, 100, 2048) == [(0, 100)]
+    assert prefill_chunks(8, 600, 2048) == [(0, 256), (256, 512), (512, 600)]
+    assert prefill_chunks(4096, 3, 2048) == [(0, 1), (1, 2), (2, 3)]  # a column at least
+    for rows, width, budget in [(1, 1, 7), (3, 1000, 64), (8, 2049, 2048)]:
+        chunks = prefill_chunks(rows, width, budget)
+        assert [c[0] for c in chunks[1:]] == [c[1] for c in chunks[:-1]] and chunks[-1][1] == width
+        assert all(rows * (end - start) <= max(budget, rows) for start, end in chunks)
+
+
+def test_a_prefill_in_chunks_answers_what_one_forward_does(base_model_dir, engines):
+    """Rows of different widths, cache hits beside misses, chunks smaller than the shortest
+    row's new tokens: the same greedy tokens as the uncached engine's single forwards, and the
+    prefix cache keeps what the chunks computed (the next step reuses it)."""
+    from ratchet.server.engine import Engine, GenRequest
+
+    _, plain = engines
+    tok = plain.tokenizer
+    steps = _conversation(tok, 5)
+    fresh = tok.apply_chat_template(
+        [{"role": "user", "content": "Describe a lighthouse in the fog and its keeper. " * 6}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    batch = [steps[2], fresh, steps[4]]
+    want = [plain.generate(GenRequest(prompt_ids=p, max_tokens=12, temperature=0)).token_ids for p in batch]
+    engine = Engine(base_model_dir, prefill_chunk=48, group_prefill=False, batch_wait_s=0.2)
+    try:
+        engine.generate(GenRequest(prompt_ids=steps[1], max_tokens=1, temperature=0))  # a cached prefix
+        forwards = engine.stats["prefill_slots"]
+        futures = [engine.submit(GenRequest(prompt_ids=p, max_tokens=12, temperature=0)) for p in batch]
+        assert [f.result().token_ids for f in futures] == want
+        assert engine.stats["prefill_slots"] > forwards
+        assert engine.prefix_cache.lookup(None, steps[4] + [1])[0] == len(steps[4])
+        again = engine.generate(GenRequest(prompt_ids=steps[4], max_tokens=12, temperature=0))
+        assert again.token_ids == want[2]
+    finally:
+        engine.close()
+
+
 def test_the_worker_accounts_for_its_time_by_part(base_model_dir):
     """bench/profile_generation.py reads these clocks: each part must be counted once, inside
     the worker's busy time, and a grammar-constrained request must show grammar time."""
