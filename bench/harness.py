@@ -27,7 +27,7 @@ import time
 import types
 import typing
 from collections.abc import Sequence
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,32 @@ def fresh_data_dir(prefix: str) -> Path:
             (data / "models").symlink_to(shared, target_is_directory=True)
             break
     return data
+
+
+def evolve_outcome(
+    data: Path, overrides: dict[str, str], code: int, wall: float, output: str
+) -> dict[str, Any]:
+    """What a finished `ratchet evolve` on `data` shows: its exit code and minutes, the last
+    generation's held-out result beside random's with the sign test's p, every generation's
+    row (from the journal) and the end of what it printed."""
+    from ratchet.config import load_settings
+    from ratchet.flows.journal import Journal
+
+    settings = load_settings({"data_dir": data, **overrides})  # the run's journal path
+    rows = [asdict(r) for r in Journal.load(settings).rows()] if code == 0 else []
+    last = rows[-1] if rows else {}
+    p = last.get("vs_random_p")
+    return {
+        "exit_code": code,
+        "wall_minutes": round(wall / 60, 2),
+        "test": f"{last.get('test_successes')}/{last.get('test_n')}" if last else None,
+        "random": last.get("random_success"),
+        "vs_random_p": p,
+        "above_random": p is not None and p <= 0.05,
+        "promoted": [name for r in rows for name in r["promoted"]],
+        "rows": rows,
+        "output_tail": output.splitlines()[-12:],
+    }
 
 
 def bench_settings(data_dir: Path, overrides: dict[str, Any]) -> Any:

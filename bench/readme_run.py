@@ -25,9 +25,9 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from bench.harness import ROOT, fresh_data_dir, option, write_result
+from bench.harness import ROOT, evolve_outcome, fresh_data_dir, option, write_result
 
 
 @dataclass
@@ -59,9 +59,6 @@ def env_for(dtype: str, overrides: list[str]) -> dict[str, str]:
 
 
 def one_run(dtype: str, overrides: list[str], keep: bool) -> dict[str, object]:
-    from ratchet.config import load_settings
-    from ratchet.flows.journal import Journal
-
     data = fresh_data_dir(f"ratchet-readme-{dtype}-")
     log = data / "run.log"
     started = time.monotonic()
@@ -74,24 +71,11 @@ def one_run(dtype: str, overrides: list[str], keep: bool) -> dict[str, object]:
             stderr=subprocess.STDOUT,
         )
     wall = time.monotonic() - started
-    text = log.read_text()
-    settings = load_settings({"data_dir": data, **settings_of(dtype, overrides)})  # the run's journal path
-    rows = [asdict(r) for r in Journal.load(settings).rows()] if code == 0 else []
-    last = rows[-1] if rows else {}
-    p = last.get("vs_random_p")
     result = {
         "dtype": dtype,
-        "exit_code": code,
-        "wall_minutes": round(wall / 60, 2),
-        "test": f"{last.get('test_successes')}/{last.get('test_n')}" if last else None,
-        "random": last.get("random_success"),
-        "vs_random_p": p,
-        "above_random": p is not None and p <= 0.05,
-        "promoted": [name for r in rows for name in r["promoted"]],
-        "rows": rows,
-        "output_tail": text.splitlines()[-12:],
-        "data_dir": str(data) if keep else None,
+        **evolve_outcome(data, settings_of(dtype, overrides), code, wall, log.read_text()),
     }
+    result["data_dir"] = str(data) if keep else None
     if not keep:
         shutil.rmtree(data, ignore_errors=True)
     return result

@@ -123,3 +123,15 @@ def test_readme_run_passes_settings_as_the_variables_the_cli_reads(monkeypatch: 
     assert (s.model.dtype, s.splits.train, s.verify.max_candidates) == ("float32", 8, 3)
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         env_for("bfloat16", ["splits.train"])
+
+
+def test_fresh_clone_runs_the_readmes_three_commands_and_ci_runs_two_of_them() -> None:
+    from bench.fresh_clone import readme_commands
+
+    readme = (ROOT / "README.md").read_text()
+    install, run, test = readme_commands(readme)
+    assert install == "./install.sh" and run.endswith("ratchet evolve") and "pytest" in test
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert install in ci and test in ci  # CI calls exactly the README's install and test commands
+    block = "```bash\n# a comment\n./a.sh   # what it does\n\nb --flag 'x # y'\n```\ntext\n```\nc\n```"
+    assert readme_commands(block) == ["./a.sh", "b --flag 'x # y'"]
