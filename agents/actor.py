@@ -80,14 +80,22 @@ class RolloutContext:
     pending: Step | None = None
     tried: list[Tried] = field(default_factory=list)  # (observation, action) of every played step
     calls_this_turn: int = 0  # calls played since the start or the last text reply the episode took
+    macro_actions: int = 0  # environment actions the current step's macro played or tried
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.settings.seed)
 
     @property
+    def budget_used(self) -> int:
+        """Of `max_steps`: a step costs 1, a macro's step each environment action it played or
+        tried. The budget counts the environment's actions, as the random and gold baselines
+        do, so a policy with macros is compared with them on the same number of actions."""
+        return sum(s.budget for s in self.steps)  # as `Trajectory.budget_used`
+
+    @property
     def budget_left(self) -> bool:
-        return len(self.steps) < self.settings.max_steps
+        return self.budget_used < self.settings.max_steps
 
     @property
     def system_text(self) -> str:
@@ -175,7 +183,11 @@ def build_actor(llm: BaseChatModel) -> Any:
                 result = ctx.episode.reply(step.message)
                 ctx.calls_this_turn = 0  # a text reply the episode took ends the turn
             else:
-                result = _traced(ctx, step.tool_call)
+                ctx.macro_actions = 0
+                try:
+                    result = _traced(ctx, step.tool_call)
+                finally:
+                    step.budget = max(1, ctx.macro_actions)
                 ctx.tried.append(Tried(normal(ctx.observation), call_text(step.tool_call)))
                 ctx.calls_this_turn += 1
             step.tool_result, step.reward = result.observation, result.reward
@@ -328,14 +340,20 @@ def _execute(ctx: RolloutContext, call: ToolCall) -> StepResult:
 
 
 def _play(ctx: RolloutContext, name: str, plan: list[ToolCall]) -> StepResult:
-    """Play a macro's actions as one step; stop early when the episode ends or an action is
-    refused (a refused first action changes nothing and is the tool's error)."""
+    """Play a macro's actions as one step; stop early when the episode ends, an action is
+    refused (a refused first action changes nothing and is the tool's error) or the step
+    budget runs out: each action tried costs one of it (`RolloutContext.budget_used`)."""
     env_tools = {t.name for t in ctx.episode.tools()}
     lines: list[str] = []
     result = StepResult(observation="")
     reward = 0.0
+    room = ctx.settings.max_steps - ctx.budget_used  # this step's own 1 included: room >= 1
     for i, action in enumerate(plan):
         shown = ", ".join(str(v) for v in action.args.values())
+        if i >= room:
+            lines.append(f"(macro stopped: the step budget ran out before {shown!r})")
+            break
+        ctx.macro_actions += 1
         try:
             if action.name not in env_tools:
                 raise ActionError(f"unknown environment tool {action.name!r}")

@@ -55,16 +55,16 @@ def signals(traj: Trajectory, success_lengths: list[int] | None = None) -> list[
             action = normalize_action(last) if last else None
             out.append(Signal(mode="wrong_answer", step=_last(traj), evidence=f"ended with {action!r}"))
     elif traj.status == "finished" and not traj.done:
-        if traj.max_steps and len(traj.steps) < traj.max_steps:
+        if traj.max_steps and traj.budget_used < traj.max_steps:
             out.append(
                 Signal(
                     mode="premature_stop",
                     step=_last(traj),
-                    evidence=f"stopped after {len(traj.steps)} of {traj.max_steps} steps",
+                    evidence=f"stopped after {traj.budget_used} of {traj.max_steps} steps",
                 )
             )
         else:
-            used = f"used all {len(traj.steps)} steps"
+            used = f"used all {traj.budget_used} steps"
             out.append(Signal(mode="budget_exhausted", step=_last(traj), evidence=used))
     return sorted(out, key=lambda s: (s.step if s.step is not None else 10**9, PRECEDENCE.index(s.mode)))
 

@@ -88,6 +88,12 @@ class Step(BaseModel):
         default=None,
         description="tools offered before the policy's rules (`skills.rules.menu_entries`); None: unknown",
     )
+    budget: int = Field(
+        default=1,
+        ge=1,
+        description="what the step cost of the step budget: 1, or the environment actions a macro "
+        "played or tried in it (the budget counts actions, as random's and gold's do)",
+    )
 
     @property
     def moves_on(self) -> bool:
@@ -147,6 +153,11 @@ class Trajectory(BaseModel):
     @property
     def n_steps(self) -> int:
         return len(self.steps)
+
+    @property
+    def budget_used(self) -> int:
+        """Of `max_steps`: one per step, a macro's step one per environment action (`Step.budget`)."""
+        return sum(s.budget for s in self.steps)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

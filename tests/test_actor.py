@@ -360,6 +360,30 @@ def test_a_macro_stops_at_a_refused_action_and_a_failing_tool_is_a_tool_error():
     assert traj.steps[0].error.startswith("tool error: up-twice: 'fly' was refused")
 
 
+def test_a_macros_actions_count_against_the_step_budget_as_randoms_and_golds_do():
+    """The budget counts environment actions: a macro of three actions costs three steps, and
+    one that would run past the budget is cut there, so a policy with macros is never played
+    on more actions than the random and gold baselines it is read against."""
+    up, down = ToolCall(name="act", args={"action": "up"}), ToolCall(name="act", args={"action": "down"})
+    policy = Policy(model="m", tools=(MACRO,))
+    wander = PlanRunner([down, down, up])  # value -1 after it: never the goal (2)
+    traj, llm = play([call("up-twice")] * 5, policy=policy, tool_runner=wander, max_steps=5)
+    assert [s.budget for s in traj.steps] == [3, 2] and traj.budget_used == 5 and len(llm.calls) == 2
+    assert traj.steps[1].tool_result.endswith("(macro stopped: the step budget ran out before 'up')")
+    assert not traj.success
+    # the same actions one call at a time: the same five steps of budget, the same end
+    traj, llm = play([call("act", action=a) for a in "down down up down down".split()], max_steps=5)
+    assert traj.budget_used == 5 and len(llm.calls) == 5 and not traj.success
+    # a macro's refused action counts (it was tried), a failing tool and a plain call count one
+    bad = ToolCall(name="act", args={"action": "fly"})
+    runner = PlanRunner([down, bad, up])
+    traj, _ = play([call("up-twice")] * 3, policy=policy, tool_runner=runner, max_steps=3)
+    assert [s.budget for s in traj.steps] == [2, 1] and not traj.success
+    from ratchet.diagnosis.signals import signals
+
+    assert "budget_exhausted" in [s.mode for s in signals(traj)]  # not a premature stop
+
+
 def test_only_the_skills_chosen_for_the_task_are_shown():
     a = SkillText(name="a-skill", description="x", body="Body of A.")
     b = SkillText(name="b-skill", description="y", body="Body of B.")

@@ -82,7 +82,7 @@ def test_candidate_detail_has_pairs_provenance_and_history(client: TestClient) -
 def test_trajectory_viewer_shows_each_step(client: TestClient) -> None:
     html = client.get("/trajectories/t-win").text
     assert "success · textworld-express:coin:train:1" in html
-    assert html.count('class="step source-model') == 2
+    assert html.count('class="step source-model') == 2 and "2 steps, 2/15 of the budget" in html
     assert 'act({"action": "take coin"})' in html
     # a rule that narrowed the menu is named on its step, linked to the skill
     (rules,) = re.findall(r'<p class="rules">.*?</p>', html, flags=re.S)

@@ -35,6 +35,12 @@ def _conversation(tok, steps: int) -> list[list[int]]:
     return prompts
 
 
+def _user_prompt(tok, text: str) -> list[int]:
+    return tok.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
 def test_prefix_cache_reuses_earlier_prompts_and_changes_no_output(engines):
     from ratchet.server.engine import GenRequest
 
@@ -61,12 +67,7 @@ def test_mixed_batch_of_hits_and_misses_matches_uncached(engines):
     tok = cached.tokenizer
     prompts = _conversation(tok, 3)
     cached.generate(GenRequest(prompt_ids=prompts[1], max_tokens=4, temperature=0))  # warm one prefix
-    fresh = tok.apply_chat_template(
-        [{"role": "user", "content": "Name three fruits."}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
+    fresh = _user_prompt(tok, "Name three fruits.")
     batch = [prompts[2], fresh, prompts[1]]
     got = [
         f.result()
@@ -85,12 +86,8 @@ def test_a_request_joins_a_running_batch_and_is_answered_when_done(engines):
     cached, plain = engines
     tok = cached.tokenizer
 
-    def ids(text: str) -> list[int]:
-        return tok.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-
-    long_ids, short_ids = ids("Write a long story about a lighthouse."), ids("Say hello to Ada.")
+    long_ids = _user_prompt(tok, "Write a long story about a lighthouse.")
+    short_ids = _user_prompt(tok, "Say hello to Ada.")
     steps = cached.stats["forward_steps"]
     f_long = cached.submit(GenRequest(prompt_ids=long_ids, max_tokens=80, temperature=0, ignore_eos=True))
     while cached.stats["forward_steps"] < steps + 5:
@@ -125,12 +122,7 @@ def test_grouped_prefill_pads_less_and_answers_the_same(base_model_dir, engines)
     cached, plain = engines
     tok = cached.tokenizer
     steps = _conversation(tok, 6)
-    fresh = tok.apply_chat_template(
-        [{"role": "user", "content": "Describe a lighthouse in the fog, its keeper and the ships. " * 12}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
+    fresh = _user_prompt(tok, "Describe a lighthouse in the fog, its keeper and the ships. " * 12)
     want = [
         plain.generate(GenRequest(prompt_ids=p, max_tokens=6, temperature=0)).token_ids
         for p in [*steps[1:], fresh]
@@ -175,12 +167,7 @@ def test_a_prefill_in_chunks_answers_what_one_forward_does(base_model_dir, engin
     _, plain = engines
     tok = plain.tokenizer
     steps = _conversation(tok, 5)
-    fresh = tok.apply_chat_template(
-        [{"role": "user", "content": "Describe a lighthouse in the fog and its keeper. " * 6}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
+    fresh = _user_prompt(tok, "Describe a lighthouse in the fog and its keeper. " * 6)
     batch = [steps[2], fresh, steps[4]]
     want = [plain.generate(GenRequest(prompt_ids=p, max_tokens=12, temperature=0)).token_ids for p in batch]
     engine = Engine(base_model_dir, prefill_chunk=48, group_prefill=False, batch_wait_s=0.2)
