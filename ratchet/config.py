@@ -386,10 +386,11 @@ class SplitSizes(Section):
     still stops after 8 tasks (`verify.futility`; bench/gate_efficiency.py).
 
     8 train tasks and 20 test tasks: with 4 train tasks x 2 rollouts a first coin generation
-    found one rule and ended at random's level (7/10 against 66%, 12/20 against 55%); with 8 it
-    also found the macro tool and ended above it (17/20 against 55%, p = 0.002, in bf16 in
-    16.6 min: bench/results/readme_t8_test20_bf16.json). A test split of 10 cannot show that:
-    a task random solves every time is a tie, and a sign test over the rest needs 9 of 10."""
+    found one rule (7/10 against random's 66%); with 8 it also found `prefer take coin` and a
+    macro tool, and the gate promoted all three in each of 3 fresh runs (12/20 against 55%
+    under the action budget, 12.5 min in bf16: bench/results/readme_action_budget_bf16.json).
+    A test split of 10 cannot show a gain over random at all: a task random always solves is
+    a tie, and a sign test over the rest needs 9 of 10 better."""
 
     train: int = Field(default=8, ge=1, le=SPLIT_MAX, description="train tasks per subset")
     dev: int = Field(
