@@ -17,7 +17,6 @@ Writes bench/results/NAME.json (default fresh_clone).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, evolve_outcome, option, write_result
+from bench.harness import ROOT, clean_env, evolve_outcome, option, write_result
 
 
 @dataclass
@@ -43,10 +42,6 @@ def readme_commands(readme: str) -> list[str]:
     lines = readme.split("```", 2)[1].splitlines()[1:]  # the block, without its language tag
     commands = [line.split("  #", 1)[0].strip() for line in lines]
     return [c for c in commands if c and not c.startswith("#")]
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "PREFECT_", "MLFLOW_"))}
 
 
 def one_round(ref: str, keep: bool) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import ast
 import difflib
 import importlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -163,12 +164,19 @@ def fresh_data_dir(prefix: str) -> Path:
     return data
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without ratchet's, Prefect's and MLflow's variables: what a
+    new user's shell has (a run then reads only the settings it is given)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "PREFECT_", "MLFLOW_"))}
+
+
 def evolve_outcome(
     data: Path, overrides: dict[str, str], code: int, wall: float, output: str
 ) -> dict[str, Any]:
     """What a finished `ratchet evolve` on `data` shows: its exit code and minutes, the last
     generation's held-out result beside random's with the sign test's p, every generation's
     row (from the journal) and the end of what it printed."""
+    from ratchet.agents.baselines import beats_random
     from ratchet.config import load_settings
     from ratchet.flows.journal import Journal
 
@@ -182,7 +190,7 @@ def evolve_outcome(
         "test": f"{last.get('test_successes')}/{last.get('test_n')}" if last else None,
         "random": last.get("random_success"),
         "vs_random_p": p,
-        "above_random": p is not None and p <= 0.05,
+        "above_random": beats_random(p),
         "promoted": [name for r in rows for name in r["promoted"]],
         "rows": rows,
         "output_tail": output.splitlines()[-12:],

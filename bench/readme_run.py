@@ -19,7 +19,6 @@ Writes bench/results/NAME.json (default readme_run).
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench.harness import ROOT, evolve_outcome, fresh_data_dir, option, write_result
+from bench.harness import ROOT, clean_env, evolve_outcome, fresh_data_dir, option, write_result
 
 
 @dataclass
@@ -52,7 +51,7 @@ def settings_of(dtype: str, overrides: list[str]) -> dict[str, str]:
 
 def env_for(dtype: str, overrides: list[str]) -> dict[str, str]:
     """The environment of one run: this one, with the dtype and any overrides as RATCHET_* variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "PREFECT_", "MLFLOW_"))}
+    env = clean_env()
     for key, value in settings_of(dtype, overrides).items():
         env["RATCHET_" + key.upper().replace(".", "__")] = value
     return env
