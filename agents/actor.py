@@ -342,7 +342,12 @@ def _execute(ctx: RolloutContext, call: ToolCall) -> StepResult:
 def _play(ctx: RolloutContext, name: str, plan: list[ToolCall]) -> StepResult:
     """Play a macro's actions as one step; stop early when the episode ends, an action is
     refused (a refused first action changes nothing and is the tool's error) or the step
-    budget runs out: each action tried costs one of it (`RolloutContext.budget_used`)."""
+    budget runs out: each action tried costs one of it (`RolloutContext.budget_used`).
+
+    Where the episode lists its valid actions, a later action not on the list is not tried:
+    the macro stops there for free, as an agent reading the menu would (`move {a}` then
+    `take coin` in a room without a coin costs one action, not two). The random and gold
+    baselines never play an unlisted action either."""
     env_tools = {t.name for t in ctx.episode.tools()}
     lines: list[str] = []
     result = StepResult(observation="")
@@ -353,6 +358,10 @@ def _play(ctx: RolloutContext, name: str, plan: list[ToolCall]) -> StepResult:
         if i >= room:
             lines.append(f"(macro stopped: the step budget ran out before {shown!r})")
             break
+        if i > 0 and (listed := {call_text(c) for c in ctx.episode.valid_actions()}):
+            if call_text(action) not in listed:
+                lines.append(f"(macro stopped: {shown!r} is not a valid action here)")
+                break
         ctx.macro_actions += 1
         try:
             if action.name not in env_tools:

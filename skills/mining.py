@@ -1,7 +1,8 @@
 """Mined action patterns: what successful trajectories of one task family keep doing.
 
 A pattern is a run of 2-`MAX_LEN` consecutive actions that recurs across at least
-`min_tasks` different tasks. Occurrences are grouped by their shape (the tool of each
+`min_tasks` different tasks; an action that left the agent's view as it was ('look around')
+is not one of them. Occurrences are grouped by their shape (the tool of each
 action, and for string arguments their first word and word count); inside a group, words
 that agree in every occurrence are constants and words that differ are parameters, one
 parameter per distinct position-pattern of values (so `open door to {a}` + `move {a}`
@@ -17,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ratchet.diagnosis.attribution import state_key
 from ratchet.types import Trajectory
 
 MAX_LEN = 4
@@ -52,8 +54,14 @@ class Pattern:
 
 
 def _actions(traj: Trajectory) -> list[tuple[str, dict[str, str]]]:
+    """The trajectory's actions, less those after which the agent saw what it saw before
+    ('look around'): information, not a move of the procedure. Kept in, they make the best
+    scoring pattern `look around → move {a} → take coin`, a macro that spends an action of
+    the budget on every call for nothing."""
     out = []
-    for s in traj.steps:
+    for s, after in zip(traj.steps, [*traj.steps[1:], None], strict=True):
+        if after is not None and state_key(after) == state_key(s):
+            continue
         if s.error is None and s.tool_call is not None:
             args = {k: " ".join(str(v).lower().split()) for k, v in sorted(s.tool_call.args.items())}
             out.append((s.tool_call.name, args))

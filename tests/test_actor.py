@@ -80,6 +80,21 @@ class CounterSuite(Suite):
 
 
 SUITE = CounterSuite()
+
+
+class ListsFly(Counter):
+    """Lists 'fly' as valid and refuses it when played: a menu that is out of date."""
+
+    def valid_actions(self) -> list[ToolCall]:
+        return [*super().valid_actions(), ToolCall(name="act", args={"action": "fly"})]
+
+
+class FlySuite(CounterSuite):
+    def episode(self, task: Task) -> Episode:
+        return ListsFly(task)
+
+
+FLY_SUITE = FlySuite()
 TASK = SUITE.make_task("c", "train", 0)
 SLOT = RolloutSlot("evo", 0, TASK, 0)
 POLICY = Policy(model="m")
@@ -87,8 +102,9 @@ POLICY = Policy(model="m")
 
 def play(script, policy=POLICY, tool_runner=None, **kw):  # type: ignore[no-untyped-def]
     llm = ScriptedChatModel(script=script)
+    suite = kw.pop("suite", SUITE)
     settings = ActorSettings(max_steps=kw.pop("max_steps", 5), **kw)
-    return run_rollout(build_actor(llm), SUITE, SLOT, policy, settings, tool_runner), llm
+    return run_rollout(build_actor(llm), suite, SLOT, policy, settings, tool_runner), llm
 
 
 def test_success_records_every_step_and_outcome():
@@ -349,7 +365,10 @@ def test_a_macro_stops_at_a_refused_action_and_a_failing_tool_is_a_tool_error():
     up, bad = ToolCall(name="act", args={"action": "up"}), ToolCall(name="act", args={"action": "fly"})
     policy = Policy(model="m", tools=(MACRO,))
     traj, _ = play(
-        [call("up-twice"), call("act", action="up")], policy=policy, tool_runner=PlanRunner([up, bad, up])
+        [call("up-twice"), call("act", action="up")],
+        policy=policy,
+        tool_runner=PlanRunner([up, bad, up]),
+        suite=FLY_SUITE,
     )
     assert traj.success and traj.steps[0].tool_result.endswith("(macro stopped: 'fly' was refused)")
     traj, llm = play([call("up-twice")] * 2, policy=policy, tool_runner=PlanRunner(None), max_steps=2)
@@ -374,11 +393,24 @@ def test_a_macros_actions_count_against_the_step_budget_as_randoms_and_golds_do(
     # the same actions one call at a time: the same five steps of budget, the same end
     traj, llm = play([call("act", action=a) for a in "down down up down down".split()], max_steps=5)
     assert traj.budget_used == 5 and len(llm.calls) == 5 and not traj.success
-    # a macro's refused action counts (it was tried), a failing tool and a plain call count one
+    # an action the episode does not list is not tried: the macro stops there for free, as an
+    # agent reading the menu would (random and gold never play one either)
     bad = ToolCall(name="act", args={"action": "fly"})
-    runner = PlanRunner([down, bad, up])
-    traj, _ = play([call("up-twice")] * 3, policy=policy, tool_runner=runner, max_steps=3)
+    traj, _ = play(
+        [call("up-twice")] * 3, policy=policy, tool_runner=PlanRunner([down, bad, up]), max_steps=3
+    )
+    assert [s.budget for s in traj.steps] == [1, 1, 1] and not traj.success
+    assert traj.steps[0].tool_result.endswith("(macro stopped: 'fly' is not a valid action here)")
+    # an action the episode lists but refuses was tried: it counts
+    traj, _ = play(
+        [call("up-twice")] * 3,
+        policy=policy,
+        tool_runner=PlanRunner([down, bad, up]),
+        max_steps=3,
+        suite=FLY_SUITE,
+    )
     assert [s.budget for s in traj.steps] == [2, 1] and not traj.success
+    assert traj.steps[0].tool_result.endswith("(macro stopped: 'fly' was refused)")
     from ratchet.diagnosis.signals import signals
 
     assert "budget_exhausted" in [s.mode for s in signals(traj)]  # not a premature stop

@@ -57,6 +57,32 @@ def test_mining_finds_recurring_patterns_with_bound_parameters() -> None:
     assert mine_patterns(_coin_successes()[:1], min_tasks=2) == []
 
 
+def test_an_action_that_left_the_view_as_it_was_is_not_part_of_a_pattern() -> None:
+    """'look around' shows the room the agent already sees: kept in, the best pattern would be
+    `look around → move {a} → take coin`, a macro paying an action for nothing on every call."""
+    rooms = ["kitchen", "kitchen", "hall", "hall"]  # what the agent saw before each step
+    wins = [
+        traj(
+            ["look around", f"move {d}", "take coin"],
+            success=True,
+            task=f"textworld-express:coin:train:{i}",
+            tid=d,
+            observations=[rooms[0], rooms[1], f"{d} room"],
+        )
+        for i, d in enumerate(["east", "north", "west"])
+    ]
+    patterns = mine_patterns(wins, min_tasks=2)
+    assert [p.describe() for p in patterns] == ["act: move {a} → act: take coin"]
+    # where looking changed what the agent saw, it is a step of the procedure like any other
+    moved = [
+        t.model_copy(update={"steps": [t.steps[0].model_copy(update={"observation": "dark"}), *t.steps[1:]]})
+        for t in wins
+    ]
+    assert (
+        mine_patterns(moved, min_tasks=2)[0].describe() == "act: look around → act: move {a} → act: take coin"
+    )
+
+
 def test_parameters_bind_the_same_value_across_actions() -> None:
     wins = [
         traj(["open door to west", "move west"], success=True, task="t:coin:train:1", tid="1"),
