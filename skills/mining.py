@@ -2,7 +2,8 @@
 
 A pattern is a run of 2-`MAX_LEN` consecutive actions that recurs across at least
 `min_tasks` different tasks; an action that left the agent's view as it was ('look around')
-is not one of them. Occurrences are grouped by their shape (the tool of each
+is not one of them, nor is any run of actions that brought it back to a view it had left
+(`_actions`). Occurrences are grouped by their shape (the tool of each
 action, and for string arguments their first word and word count); inside a group, words
 that agree in every occurrence are constants and words that differ are parameters, one
 parameter per distinct position-pattern of values (so `open door to {a}` + `move {a}`
@@ -54,17 +55,24 @@ class Pattern:
 
 
 def _actions(traj: Trajectory) -> list[tuple[str, dict[str, str]]]:
-    """The trajectory's actions, less those after which the agent saw what it saw before
-    ('look around'): information, not a move of the procedure. Kept in, they make the best
-    scoring pattern `look around → move {a} → take coin`, a macro that spends an action of
-    the budget on every call for nothing."""
-    out = []
-    for s, after in zip(traj.steps, [*traj.steps[1:], None], strict=True):
-        if after is not None and state_key(after) == state_key(s):
+    """The trajectory's actions with its detours erased: a run of actions after which the
+    agent saw again what it saw before the run ('look around'; 'inventory' then 'look
+    around'; north then south) is information or a loop, not a move of the procedure. Kept
+    in, they make the best scoring pattern `look around → move {a} → take coin`, a macro that
+    spends an action of the budget on every call for nothing. (The reference paths of
+    TextWorldExpress are loop-erased the same way.)"""
+    out: list[tuple[str, dict[str, str]]] = []
+    seen: dict[str, int] = {}  # what the agent saw -> how many actions of `out` came before
+    for s in traj.steps:
+        if s.error is not None or s.tool_call is None:
             continue
-        if s.error is None and s.tool_call is not None:
-            args = {k: " ".join(str(v).lower().split()) for k, v in sorted(s.tool_call.args.items())}
-            out.append((s.tool_call.name, args))
+        state = state_key(s)
+        if state in seen:  # back where it stood: what it did since then got it nowhere
+            del out[seen[state] :]
+            seen = {k: n for k, n in seen.items() if n <= len(out)}
+        seen[state] = len(out)
+        args = {k: " ".join(str(v).lower().split()) for k, v in sorted(s.tool_call.args.items())}
+        out.append((s.tool_call.name, args))
     return out
 
 

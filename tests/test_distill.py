@@ -57,7 +57,7 @@ def test_mining_finds_recurring_patterns_with_bound_parameters() -> None:
     assert mine_patterns(_coin_successes()[:1], min_tasks=2) == []
 
 
-def test_an_action_that_left_the_view_as_it_was_is_not_part_of_a_pattern() -> None:
+def test_an_action_that_left_the_view_as_it_was_or_a_detour_is_not_part_of_a_pattern() -> None:
     """'look around' shows the room the agent already sees: kept in, the best pattern would be
     `look around → move {a} → take coin`, a macro paying an action for nothing on every call."""
     rooms = ["kitchen", "kitchen", "hall", "hall"]  # what the agent saw before each step
@@ -73,6 +73,18 @@ def test_an_action_that_left_the_view_as_it_was_is_not_part_of_a_pattern() -> No
     ]
     patterns = mine_patterns(wins, min_tasks=2)
     assert [p.describe() for p in patterns] == ["act: move {a} → act: take coin"]
+    # nor is a detour that came back to a view it had left: 'inventory' then 'look around'
+    detour = [
+        traj(
+            ["inventory", "look around", f"move {d}", "take coin"],
+            success=True,
+            task=f"textworld-express:coin:train:{i}",
+            tid=d,
+            observations=["kitchen", "inventory: empty", "kitchen", f"{d} room"],
+        )
+        for i, d in enumerate(["east", "north", "west"])
+    ]
+    assert [p.describe() for p in mine_patterns(detour, min_tasks=2)] == ["act: move {a} → act: take coin"]
     # where looking changed what the agent saw, it is a step of the procedure like any other
     moved = [
         t.model_copy(update={"steps": [t.steps[0].model_copy(update={"observation": "dark"}), *t.steps[1:]]})
