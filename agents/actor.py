@@ -81,6 +81,9 @@ class RolloutContext:
     tried: list[Tried] = field(default_factory=list)  # (observation, action) of every played step
     calls_this_turn: int = 0  # calls played since the start or the last text reply the episode took
     macro_actions: int = 0  # environment actions the current step's macro played or tried
+    # search: at the first step of the rollout's own, play a valid action not in this set
+    # (actions taken from there before, `call_text` form) instead of asking the model
+    branch_away: frozenset[str] | None = None
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -139,17 +142,26 @@ def build_actor(llm: BaseChatModel) -> Any:
         try:
             text_ok = ctx.episode.offers_text_reply(ctx.calls_this_turn)  # decided once per step
             call = None
-            if ctx.settings.epsilon > 0 and ctx.rng.random() < ctx.settings.epsilon:
+            if ctx.branch_away is not None:
+                call, ctx.branch_away = untried_action(ctx, ctx.branch_away), None
+                step.source = "search"
+            elif ctx.settings.epsilon > 0 and ctx.rng.random() < ctx.settings.epsilon:
                 call = ctx.episode.random_action(ctx.rng)
-            if call is not None:
                 step.source = "epsilon"
+            if call is not None:
                 msg = AIMessage(
                     content="",
                     tool_calls=[
-                        {"name": call.name, "args": call.args, "id": f"eps_{step.index}", "type": "tool_call"}
+                        {
+                            "name": call.name,
+                            "args": call.args,
+                            "id": f"{step.source}_{step.index}",
+                            "type": "tool_call",
+                        }
                     ],
                 )
             else:
+                step.source = "model"
                 msg = _ask(llm, state, ctx, step, text_ok)
             step.message = str(msg.content or "")
             if not msg.tool_calls:
@@ -177,33 +189,7 @@ def build_actor(llm: BaseChatModel) -> Any:
         ctx = runtime.context
         step, ctx.pending = ctx.pending, None
         assert step is not None
-        started = time.perf_counter()
-        try:
-            if step.tool_call is None:
-                result = ctx.episode.reply(step.message)
-                ctx.calls_this_turn = 0  # a text reply the episode took ends the turn
-            else:
-                ctx.macro_actions = 0
-                try:
-                    result = _traced(ctx, step.tool_call)
-                finally:
-                    step.budget = max(1, ctx.macro_actions)
-                ctx.tried.append(Tried(normal(ctx.observation), call_text(step.tool_call)))
-                ctx.calls_this_turn += 1
-            step.tool_result, step.reward = result.observation, result.reward
-            ctx.options = result.options
-            if result.done:
-                ctx.outcome = result
-        except ActionError as exc:
-            step.error = str(exc)
-            step.tool_result = f"Invalid action: {exc}"
-        except Exception as exc:
-            step.error = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            step.seconds += time.perf_counter() - started
-            ctx.steps.append(step)
-        ctx.observation = step.tool_result
+        act(ctx, step)
         if step.tool_call is None:
             return {"messages": [HumanMessage(step.tool_result)]}
         call_id = state["messages"][-1].tool_calls[0]["id"]  # type: ignore[union-attr]
@@ -225,6 +211,106 @@ def build_actor(llm: BaseChatModel) -> Any:
     graph.add_conditional_edges("model", after_model, ["tools", "model", END])
     graph.add_conditional_edges("tools", after_tools, ["model", END])
     return graph.compile(name="actor")
+
+
+def act(ctx: RolloutContext, step: Step) -> None:
+    """Play `step`'s call (or its text reply) in the episode and record what came back on the
+    step and in `ctx`: the result, its cost of the budget, what was tried from where. An
+    invalid action is the step's error, shown to the model; any other exception propagates
+    (the step is recorded either way)."""
+    started = time.perf_counter()
+    try:
+        if step.tool_call is None:
+            result = ctx.episode.reply(step.message)
+            ctx.calls_this_turn = 0  # a text reply the episode took ends the turn
+        else:
+            ctx.macro_actions = 0
+            try:
+                result = _traced(ctx, step.tool_call)
+            finally:
+                step.budget = max(1, ctx.macro_actions)
+            ctx.tried.append(Tried(normal(ctx.observation), call_text(step.tool_call)))
+            ctx.calls_this_turn += 1
+        step.tool_result, step.reward = result.observation, result.reward
+        ctx.options = result.options
+        if result.done:
+            ctx.outcome = result
+    except ActionError as exc:
+        step.error = str(exc)
+        step.tool_result = f"Invalid action: {exc}"
+    except Exception as exc:
+        step.error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        step.seconds += time.perf_counter() - started
+        ctx.steps.append(step)
+    ctx.observation = step.tool_result
+
+
+class ReplayDiverged(RuntimeError):
+    """A replayed step did not see, or did not get, what the stored trajectory recorded: the
+    suite is not deterministic where it said it was (`Suite.replayable`), or the stored
+    trajectory is of another suite version."""
+
+
+def replay_steps(ctx: RolloutContext, stored: list[Step]) -> list[AnyMessage]:
+    """Play `stored` (a stored trajectory's first steps) again in `ctx`'s fresh episode, without
+    asking the model, and return the history the actor would hold after them. Each replayed
+    step must see the observation and get the result the stored one did, else
+    `ReplayDiverged` names the step; an episode that ends inside the prefix diverged too
+    (a branch point is always before the end)."""
+    history: list[AnyMessage] = []
+    for old in stored:
+        step = Step(
+            index=len(ctx.steps),
+            observation=join_options(ctx.observation, ctx.options),
+            message=old.message,
+            tool_call=old.tool_call,
+            source="replay",
+            menu=old.menu,
+        )
+        if step.observation != old.observation:
+            raise ReplayDiverged(
+                f"step {old.index}: the episode showed another observation than the stored one"
+            )
+        if not old.moves_on:  # a reply without a call changed nothing: it stays in the history only
+            step.error, step.tool_result = old.error, old.tool_result
+            ctx.steps.append(step)
+            history += text_turn(step)
+            continue
+        act(ctx, step)
+        if step.tool_result != old.tool_result or (step.error is None) != (old.error is None):
+            raise ReplayDiverged(
+                f"step {old.index}: {call_text_of(old)} gave another result than the stored one"
+            )
+        if ctx.outcome is not None:
+            raise ReplayDiverged(f"step {old.index}: the episode ended inside the replayed steps")
+        if step.tool_call is None:
+            history += [AIMessage(content=step.message), HumanMessage(step.tool_result)]
+        else:
+            call_id = f"replay_{step.index}"
+            call = {
+                "name": step.tool_call.name,
+                "args": step.tool_call.args,
+                "id": call_id,
+                "type": "tool_call",
+            }
+            history += [
+                AIMessage(content=step.message, tool_calls=[call]),
+                ToolMessage(content=step.tool_result, tool_call_id=call_id),
+            ]
+    return history
+
+
+def call_text_of(step: Step) -> str:
+    return call_text(step.tool_call) if step.tool_call is not None else repr(step.message[:40])
+
+
+def untried_action(ctx: RolloutContext, away: frozenset[str]) -> ToolCall | None:
+    """A valid action now that is not in `away`, drawn with the rollout's own generator; None
+    where the episode lists no valid actions or every one was tried (the model then chooses)."""
+    fresh = [c for c in ctx.episode.valid_actions() if call_text(c) not in away]
+    return ctx.rng.choice(fresh) if fresh else None
 
 
 def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step, text_ok: bool) -> AIMessage:

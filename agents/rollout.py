@@ -3,26 +3,49 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ratchet.agents.actor import ActorSettings, RolloutContext, ToolRunner, initial_state, join_options
+from ratchet.agents.actor import (
+    ActorSettings,
+    RolloutContext,
+    ToolRunner,
+    initial_state,
+    join_options,
+    replay_steps,
+)
 from ratchet.agents.model import is_transient
 from ratchet.agents.prompts import system_prompt, task_prompt
 from ratchet.hashing import content_hash
 from ratchet.suites.base import ActionError, Suite
-from ratchet.types import Policy, PromptRecord, SkillText, Step, Task, Trajectory, trajectory_id
+from ratchet.types import Branch, Policy, PromptRecord, SkillText, Step, Task, Trajectory, trajectory_id
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a searched rollout begins (`agents/search.py`): replay `prefix`, the first steps of
+    the stored trajectory `parent`, then play a valid action not in `away` (those taken from
+    that state before), then let the policy go on."""
+
+    parent: str
+    prefix: tuple[Step, ...]
+    away: frozenset[str]
+
+    @property
+    def branch(self) -> Branch:
+        return Branch(parent=self.parent, step=len(self.prefix))
 
 
 @dataclass(frozen=True)
 class RolloutSlot:
-    """Where a rollout belongs; its trajectory id is derived from these fields."""
+    """Where a rollout belongs; its trajectory id is derived from these fields (not `start`)."""
 
     evolution: str
     generation: int
     task: Task
     rollout: int
     arm: str = ""  # the side of an A/B intervention ('' outside verify)
+    start: Start | None = field(default=None, compare=False, repr=False)  # searched: where it begins
 
     @property
     def id(self) -> str:
@@ -39,7 +62,9 @@ def run_rollout(
     skills: tuple[SkillText, ...] | None = None,
     exemplars: tuple[SkillText, ...] | None = None,
 ) -> Trajectory:
-    """Play `slot.task` once, showing `skills` and `exemplars` (default: all of the policy's).
+    """Play `slot.task` once, showing `skills` and `exemplars` (default: all of the policy's);
+    a searched slot (`slot.start`) first replays its parent's steps (a replay that does not
+    reproduce them is an error trajectory naming the step).
 
     Transient model errors propagate (the caller retries the whole rollout); any other
     failure is kept in the trajectory as status 'error' with its steps."""
@@ -63,6 +88,9 @@ def run_rollout(
             )
             state = initial_state(task.instruction, first.observation)
             prompt = ctx.prompt_record(state["task"], first.observation)
+            if slot.start is not None:  # searched: back to the branch point without the model
+                state["messages"] = replay_steps(ctx, list(slot.start.prefix))
+                ctx.branch_away = slot.start.away
             actor.invoke(
                 state,
                 context=ctx,
@@ -90,6 +118,7 @@ def run_rollout(
         score=outcome.score if outcome else 0.0,
         error=error,
         seconds=time.perf_counter() - started,
+        branch=slot.start.branch if slot.start is not None else None,
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -11,6 +11,9 @@ from rich.table import Table
 
 from ratchet.cli.common import ByOpt, ReasonOpt, change, console, err, guard, load
 from ratchet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ratchet.config import Settings
 
 skills_app = typer.Typer(
     help="The skill library: candidates, verified, promoted, retired.", no_args_is_help=True
@@ -104,7 +107,7 @@ def skills_show(name: str) -> None:
     with guard():
         from ratchet.skills.format import render
 
-        _, library = _library()
+        settings, library = _library()
         skill = library.get(name)
         console.print(escape(render(skill)), highlight=False)
         if skill.tool is not None:
@@ -117,10 +120,28 @@ def skills_show(name: str) -> None:
             console.print(f"[bold]solved task {i}[/] ({d.trajectory}): {escape(d.task)}", soft_wrap=True)
             console.print(f"  {escape(' → '.join(d.actions))}", highlight=False, soft_wrap=True)
         console.print(f"[bold]provenance[/]: {', '.join(skill.provenance)}", soft_wrap=True)
+        if how := evidence_kinds(settings, skill.provenance):
+            console.print(f"  from {how}", highlight=False)
         for r in library.history(name):
             console.print(
                 f"{r.at:%Y-%m-%d %H:%M} {r.from_status or '-'} → {r.to_status} by {r.who}: {escape(r.why)}"
             )
+
+
+def evidence_kinds(settings: Settings, ids: list[str]) -> str:
+    """How a candidate's evidence was played: '3 sampled, 1 searched, 1 expert' (searched
+    rollouts went back along a stored one and branched: `agents/search.py`); '' if none is stored."""
+    from ratchet.memory.trajectory_store import open_store
+
+    if not settings.trajectories_db.is_file():
+        return ""
+    store = open_store(settings.trajectories_db)
+    try:
+        found = [t for i in ids if (t := store.get(i)) is not None]
+    finally:
+        store.close()
+    counts = Counter("searched" if t.branch else "expert" if t.kind == "expert" else "sampled" for t in found)
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 
 
 @tools_app.command("list")

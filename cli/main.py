@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -475,18 +476,26 @@ def trajectories_show(trajectory_id: str) -> None:
             f"[bold]{t.id}[/] {t.task_id} rollout {t.rollout}  policy {t.policy_version}  "
             f"{outcome} (score {t.score:.2f}) in {t.n_steps} steps, {t.seconds:.1f} s"
         )
-        console.print(f"[dim]task:[/] {t.instruction}")
+        console.print(f"[dim]task:[/] {escape(t.instruction)}")
+        if t.branch is not None:
+            console.print(
+                f"[dim]searched:[/] replayed steps 0-{t.branch.step - 1} of {t.branch.parent} without the "
+                f"model, branched at step {t.branch.step}"
+                if t.branch.step
+                else f"[dim]searched:[/] branched at the start, away from what {t.branch.parent} did",
+                highlight=False,
+            )
         for s in t.steps:
             if s.tool_call is not None:
                 call = f"{s.tool_call.name}({s.tool_call.args})"
             else:  # a text reply the episode took as its turn, or a reply that called no tool
                 call = f"reply: {s.message[:200]!r}" if s.moves_on else f"(no tool call) {s.message[:200]!r}"
-            console.print(f"[bold cyan]{s.index:>3}[/] [{s.source}] {call}", highlight=False)
+            console.print(f"[bold cyan]{s.index:>3}[/] {escape(f'[{s.source}] {call}')}", highlight=False)
             if s.error:
-                console.print(f"      [red]{s.error}[/]", highlight=False)
-            console.print(f"      {s.tool_result[:400]}", highlight=False)
+                console.print(f"      [red]{escape(s.error)}[/]", highlight=False)
+            console.print(f"      {escape(s.tool_result[:400])}", highlight=False)
         if t.error:
-            console.print(f"[red]rollout error:[/] {t.error}")
+            console.print(f"[red]rollout error:[/] {escape(t.error)}")
 
 
 @traj_app.command("export")

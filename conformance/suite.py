@@ -13,7 +13,8 @@ schemas a server can constrain a call with, expert trajectories pass the verifie
 replies fit the output budget in the served model's tokens and answer in words only where
 the episode offers it, wrong answers fail the verifier, invalid model input raises
 `ActionError` (never another exception), an episode played by the real actor graph with a
-scripted model keeps going after invalid input, and the version is declared and stable.
+scripted model keeps going after invalid input, the version is declared and stable, and a
+suite that declares `replayable` replays a stored trajectory step for step.
 
 A plug-in written for the first contract fails the checks of what that contract lacked,
 each saying what to add (docs/extending.md, "Porting a plug-in from the first contract").
@@ -34,7 +35,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from ratchet.agents.actor import ActorSettings, build_actor
-from ratchet.agents.rollout import RolloutSlot, run_expert, run_rollout
+from ratchet.agents.rollout import RolloutSlot, Start, run_expert, run_rollout
 from ratchet.agents.testing import ScriptedChatModel, call
 from ratchet.conformance.budget import counter, kit_options, options, reply_text
 from ratchet.suites.base import PORTING_NOTE, ActionError, Episode, StepResult, Suite
@@ -512,3 +513,38 @@ def episodes_close_twice(suite: Suite, n: int) -> str:
         episode.close()
         episode.close()
     return "closed twice"
+
+
+@check
+def replays_the_same_way(suite: Suite, n: int) -> str:
+    """Where the suite declares `replayable`: a stored trajectory (a few random valid actions
+    played by the real actor) replayed on a fresh episode, as search explore returns to a
+    state, sees every observation and result again."""
+    if not suite.replayable:
+        raise CheckSkipped("the suite does not declare replayable (search explore is refused for it)")
+    count = 0
+    for task in sample(suite, "train", n):
+        budget = min(task.max_steps, 6)
+        first = run_rollout(
+            build_actor(ScriptedChatModel(script=_Script(suite, task))),
+            suite,
+            RolloutSlot("conformance", 0, task, 0),
+            Policy(model="scripted"),
+            ActorSettings(max_steps=budget, epsilon=1.0, seed=count),  # valid actions, no model
+        )
+        _require(first.status == "finished", f"{task.id}: the rollout ended in an error: {first.error}")
+        prefix = tuple(first.steps[:-1] if first.done else first.steps)
+        if not prefix:
+            continue
+        again = run_rollout(
+            build_actor(ScriptedChatModel(script=_Script(suite, task))),
+            suite,
+            RolloutSlot("conformance", 0, task, 1, start=Start(first.id, prefix, frozenset())),
+            Policy(model="scripted"),
+            ActorSettings(max_steps=budget + 1),
+        )
+        _require(
+            again.status == "finished", f"{task.id}: the replay did not come back the same way: {again.error}"
+        )
+        count += 1
+    return f"{count} trajectories replayed step for step"

@@ -97,6 +97,9 @@ class SuiteConformance:
     def test_episodes_close_twice(self, suite: Suite) -> None:
         self._check("episodes_close_twice", suite)
 
+    def test_replays_the_same_way(self, suite: Suite) -> None:
+        self._check("replays_the_same_way", suite)
+
     def test_every_check_has_a_test(self) -> None:
         missing = [n for n in CHECKS if not hasattr(self, f"test_{n}")]
         assert not missing, f"checks without a test method: {missing}"

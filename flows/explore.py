@@ -6,15 +6,18 @@ of this stage only, never of `evaluate`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlflow
 from prefect import flow
 
 from ratchet.agents.actor import ActorSettings
 from ratchet.agents.rollout import EXPERT_ROLLOUT, RolloutSlot, run_expert
+from ratchet.agents.search import search_slots
 from ratchet.config import Settings
 from ratchet.flows import tracking
-from ratchet.flows.rollouts import StageResult, actor_settings, derive_seed, run_split
-from ratchet.flows.runtime import LoopRuntime, open_runtime
+from ratchet.flows.rollouts import StageResult, actor_settings, derive_seed, play, run_split
+from ratchet.flows.runtime import LoopRuntime, check_search, open_runtime
 from ratchet.types import Policy
 
 
@@ -38,10 +41,57 @@ def explore_stage(rt: LoopRuntime, generation: int, policy: Policy) -> StageResu
         "explore_temperature": e.temperature,
         "explore_epsilon": e.epsilon,
     }
+    if e.search:
+        check_search(rt.suite)
+        params["explore_search_calls"] = e.search
     result = run_split(rt, "explore", "train", generation, policy, e.rollouts_per_task, settings_for, params)
     if s.explore.experts:
         seed_experts(rt, generation)
+    if e.search:
+        search_stage(rt, generation, policy, settings_for)
     return result
+
+
+def search_stage(
+    rt: LoopRuntime, generation: int, policy: Policy, settings_for: Callable[[RolloutSlot], ActorSettings]
+) -> int:
+    """Rounds of searched rollouts (`agents/search.py`), one per still-searched train task a
+    round, each round's slots played in parallel; returns how many were played or found stored."""
+    s = rt.settings
+    tasks = rt.suite.tasks("train", s.splits.train)
+    played = 0
+    for round_ in range(s.explore.search):  # a searched rollout makes at least one call, or ends its task
+        stored = {
+            t.id: rt.store.query(evolution=s.evolution, generation=generation, task_id=t.id) for t in tasks
+        }
+        slots = search_slots(
+            s.evolution,
+            generation,
+            tasks,
+            stored,
+            s.explore.search,
+            round_,
+            lambda t: s.max_steps or t.max_steps,
+        )
+        if not slots:
+            break
+        play(rt, [(sl, policy) for sl in slots], settings_for, "search")
+        played += len(slots)
+    if mlflow.active_run() is not None:
+        searched = [
+            t
+            for task in tasks
+            for t in rt.store.query(evolution=s.evolution, generation=generation, task_id=task.id)
+            if t.branch is not None
+        ]
+        mlflow.log_metrics(
+            {
+                "explore_searched_rollouts": len(searched),
+                "explore_searched_successes": sum(t.success for t in searched),
+                "explore_searched_calls": sum(st.source == "model" for t in searched for st in t.steps),
+            }
+        )
+    return played
 
 
 def seed_experts(rt: LoopRuntime, generation: int) -> int:

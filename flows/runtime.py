@@ -220,6 +220,8 @@ def preflight(settings: Settings, gate: bool = False) -> None:
             finally:
                 store.close()
         suite.check()
+        if settings.explore.search:
+            check_search(suite)
         for split in ("train", "test"):
             try:  # the seeds alone tell whether the split is that large; no need to build tasks
                 for subset in suite.subsets:
@@ -235,6 +237,17 @@ def preflight(settings: Settings, gate: bool = False) -> None:
         shipped_gguf()  # the model package is installed
         if settings.model.port:
             check_port_free("127.0.0.1", settings.model.port)
+
+
+def check_search(suite: Suite) -> None:
+    """Search explore replays stored actions to return to a state (`agents/search.py`): refused
+    for a suite whose episodes may not come back the same way."""
+    if not suite.replayable:
+        raise ConfigError(
+            f"explore.search needs episodes that replay; suite {suite.name!r} does not declare "
+            "Suite.replayable",
+            "set explore.search = 0, or declare replayable = True if its episodes are deterministic",
+        )
 
 
 def check_suite_version(store: TrajectoryStore, evolution: str, suite: Suite) -> None:

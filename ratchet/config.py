@@ -116,6 +116,13 @@ class ExploreSettings(Section):
         description="also store the suite's reference solution per train task (kind 'expert': "
         "used to diagnose and distill, never counted as the agent's success)",
     )
+    search: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="model calls per unsolved train task for search from stored states after the "
+        "sampled rollouts (agents/search.py; the suite must declare replay); 0 = off",
+    )
 
 
 class EvaluateSettings(Section):

@@ -77,7 +77,9 @@ class Step(BaseModel):
     message: str = Field(default="", description="model text content, if any")
     tool_call: ToolCall | None = None
     tool_result: str = ""
-    source: Literal["model", "epsilon", "expert"] = "model"
+    # replay: a searched rollout's way back to its branch point, played from a stored
+    # trajectory without a model call; search: the untried action played at the branch point
+    source: Literal["model", "epsilon", "expert", "replay", "search"] = "model"
     error: str | None = Field(default=None, description="set when this step raised or was invalid")
     reward: float = 0.0
     prompt_tokens: int = 0
@@ -117,6 +119,14 @@ class PromptRecord(BaseModel):
     )
 
 
+class Branch(BaseModel):
+    """Where a searched rollout left the trajectory it returned along: it replayed the
+    parent's steps before `step` (no model call) and played something else from there."""
+
+    parent: str = Field(description="the trajectory whose first steps were replayed")
+    step: int = Field(ge=0, description="the first step of the rollout's own (the branch point)")
+
+
 class Trajectory(BaseModel):
     """One rollout of a policy on a task. Stored even when it ends in an error."""
 
@@ -133,6 +143,10 @@ class Trajectory(BaseModel):
     replayed_from: str | None = Field(
         default=None,
         description="not played: the baseline this arm would repeat call for call (`skills.replay`)",
+    )
+    branch: Branch | None = Field(
+        default=None,
+        description="searched: replayed a stored trajectory's first steps, then branched (`agents/search.py`)",
     )
     seed: int = Field(description="sampling seed of this rollout")
     policy_version: str

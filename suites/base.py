@@ -157,6 +157,11 @@ class Suite(ABC):
     max_tokens: ClassVar[int | None] = None
     """Output budget of one model turn on this suite's tasks (a task's own `max_tokens` wins;
     None: the `model.max_tokens` setting)."""
+    replayable: ClassVar[bool] = False
+    """True: an episode is deterministic given its task and the actions played so far, so
+    replaying a stored trajectory's actions on a fresh episode reaches the same states, with
+    the same observations. Search explore returns to stored states this way (`agents/search.py`)
+    and refuses a suite that does not declare it; the conformance kit checks the claim."""
     declared_version: ClassVar[str] = ""
     """Bump it when a change alters what a task is or how it is verified; empty: `version` is
     the hash of the suite's code (every module of its package) and its distribution version,

