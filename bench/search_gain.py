@@ -1,0 +1,126 @@
+"""Does search from stored states find successes that sampling, given the same model calls, does not?
+
+Two arms of the real `explore` stage (the shipped SmolLM2-135M, the embedded server, no
+expert trajectories), on the same `--train` train tasks and the same first `--rollouts`
+sampled rollouts per task (same slot ids, so the same seeds):
+
+* **search**: `--rollouts` sampled, then `explore.search = --calls` model calls per train
+  task none of them solved (`agents/search.py`);
+* **sampled**: more sampled rollouts per task, as many as it takes to spend at least the
+  model calls the search arm spent in all (the plain way to spend the same budget).
+
+Per arm: train tasks with at least one success (what rules, exemplars and fine-tuning can
+learn from: every learning signal the loop has comes from successes), successes, model
+calls, minutes; and for the search arm, the searched rollouts and where they branched.
+Mapreader is the default: the shipped model solves about 1 in 100 of its rollouts.
+
+    .venv/bin/python -m bench search_gain [--family textworld-express:mapreader] [--train 8]
+        [--rollouts 2] [--calls 40] [--out bench/results/search_gain.json]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.harness import RESULTS, bench_settings, embedded_server, fresh_data_dir, option, write_result
+
+
+@dataclass
+class Options:
+    family: str = option("textworld-express:mapreader", "suite:subset explored")
+    train: int = option(8, "train tasks")
+    rollouts: int = option(2, "sampled rollouts per task in both arms before the search arm searches")
+    calls: int = option(40, "search arm: model calls per unsolved train task")
+    concurrency: int = option(8)
+    dtype: str = option("auto", "the server's number format", choices=["auto", "bfloat16", "float32"])
+    out: Path = option(RESULTS / "search_gain.json")
+
+
+def explore_arm(
+    family: str, args: Options, url: str, data: Path, rollouts: int, calls: int
+) -> dict[str, Any]:
+    from prefect import flow
+
+    from ratchet.flows.explore import explore_stage
+    from ratchet.flows.runtime import open_runtime
+
+    settings = bench_settings(
+        data,
+        {
+            "suite": family,
+            "splits.train": args.train,
+            "explore.rollouts_per_task": rollouts,
+            "explore.search": calls,
+            "explore.experts": False,
+            "concurrency": args.concurrency,
+        },
+    )
+
+    @flow(name="search-gain", validate_parameters=False)
+    def one_arm() -> dict[str, Any]:
+        with open_runtime(settings, url) as rt:
+            started = time.perf_counter()
+            explore_stage(rt, 1, rt.live_policy())
+            minutes = (time.perf_counter() - started) / 60
+            trajs = [
+                t for t in rt.store.query(evolution=settings.evolution, generation=1) if t.kind == "agent"
+            ]
+        sampled = [t for t in trajs if t.branch is None]
+        searched = [t for t in trajs if t.branch is not None]
+        model_calls = sum(s.source == "model" for t in trajs for s in t.steps)
+        return {
+            "rollouts_per_task": rollouts,
+            "search_calls": calls,
+            "tasks": args.train,
+            "tasks_solved": len({t.task_id for t in trajs if t.success}),
+            "tasks_solved_by_sampling": len({t.task_id for t in sampled if t.success}),
+            "sampled_rollouts": len(sampled),
+            "sampled_successes": sum(t.success for t in sampled),
+            "searched_rollouts": len(searched),
+            "searched_successes": sum(t.success for t in searched),
+            "searched_errors": sum(t.status == "error" for t in searched),
+            "branch_steps": sorted(t.branch.step for t in searched if t.branch is not None),
+            "model_calls": model_calls,
+            "sampled_calls_per_rollout": sum(s.source == "model" for t in sampled for s in t.steps)
+            / max(1, len(sampled)),
+            "minutes": round(minutes, 2),
+        }
+
+    return one_arm()
+
+
+def run(args: Options) -> None:
+    data = fresh_data_dir("ratchet-search-gain-")
+    started = time.perf_counter()
+    with embedded_server(data / "logs", dtype=args.dtype) as url:
+        search = explore_arm(args.family, args, url, data / "search", args.rollouts, args.calls)
+        print(f"search arm: {search}", flush=True)
+        extra_calls = max(
+            0, search["model_calls"] - search["sampled_calls_per_rollout"] * search["sampled_rollouts"]
+        )
+        per_task = search["sampled_calls_per_rollout"] * args.train
+        more = math.ceil(extra_calls / per_task) if per_task else 0
+        sampled = explore_arm(args.family, args, url, data / "sampled", args.rollouts + more, 0)
+        print(f"sampled arm: {sampled}", flush=True)
+    lines = [
+        "| arm | rollouts | model calls | train tasks solved | successes | minutes |",
+        "|---|---|---|---|---|---|",
+        f"| sampled ×{sampled['rollouts_per_task']} | {sampled['sampled_rollouts']} | "
+        f"{sampled['model_calls']} | {sampled['tasks_solved']}/{args.train} | "
+        f"{sampled['sampled_successes']} | {sampled['minutes']} |",
+        f"| sampled ×{args.rollouts} + search {args.calls} | {search['sampled_rollouts']} + "
+        f"{search['searched_rollouts']} | {search['model_calls']} | {search['tasks_solved']}/{args.train} "
+        f"(sampling alone {search['tasks_solved_by_sampling']}) | {search['sampled_successes']} + "
+        f"{search['searched_successes']} | {search['minutes']} |",
+    ]
+    print("\n".join(lines))
+    write_result(
+        "search_gain",
+        {"search": search, "sampled": sampled, "minutes": round((time.perf_counter() - started) / 60, 1)},
+        args,
+        path=args.out,
+    )
