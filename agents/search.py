@@ -110,14 +110,13 @@ class TaskSearch:
     task_id: str
     calls: int  # model calls its searched rollouts made
     solved: bool  # a rollout of this generation, sampled or searched, succeeded
-    rounds: int  # searched rollouts stored
 
 
 def standing(task_id: str, trajectories: Sequence[Trajectory]) -> TaskSearch:
     agent = [t for t in trajectories if t.kind == "agent" and t.status == "finished"]
     searched = [t for t in trajectories if t.branch is not None]
     calls = sum(s.source == "model" for t in searched for s in t.steps)
-    return TaskSearch(task_id, calls, any(t.success for t in agent), len(searched))
+    return TaskSearch(task_id, calls, any(t.success for t in agent))
 
 
 def search_slots(
