@@ -1,6 +1,7 @@
 """Prefect flow `finetune`: LoRA on the policy's own clean successes, gated like any candidate.
 
-    dataset (training/dataset.py) → train (training/lora.py) → register (MLflow model version)
+    dataset (training/dataset.py) → train (training/lora.py; then DPO on preference pairs,
+      training/preference.py, with `finetune.dpo`) → register (MLflow model version)
       → gate: the champion with vs without the adapter, paired on the dev split (flows/verify)
       → verified → `champion` alias (auto) or a person (`ratchet adapters promote`); else rejected
 
@@ -51,6 +52,7 @@ from ratchet.server.launcher import ensure_adapter
 from ratchet.server.precision import dtype_name
 from ratchet.skills.intervention import GateDecision
 from ratchet.training.dataset import Dataset, build_dataset, new_paths
+from ratchet.training.preference import PreferencePair, preference_pairs, write_pairs
 from ratchet.training.registry import ADAPTER_FILES, AdapterRegistry, AdapterVersion, adapter_sha256
 from ratchet.types import Policy, Task, Trajectory
 
@@ -96,7 +98,27 @@ def finetune_mode(s: Settings) -> Literal["lora", "export", "off"]:
 
 
 def config_hash(s: Settings) -> str:
-    return content_hash({"model": s.model.name, "lora": s.finetune.lora.model_dump(mode="json")}, length=12)
+    doc = {"model": s.model.name, "lora": s.finetune.lora.model_dump(mode="json")}
+    if s.finetune.dpo.enabled:  # off, the hash is what it was before DPO existed: old adapters still match
+        doc["dpo"] = s.finetune.dpo.model_dump(mode="json")
+    return content_hash(doc, length=12)
+
+
+def preference_data(s: Settings, store: TrajectoryStore) -> list[PreferencePair]:
+    """The train split's preference pairs (training/preference.py) when `finetune.dpo` is on
+    and there are at least `min_pairs` of them; else none (the adapter is SFT only)."""
+    if not s.finetune.dpo.enabled:
+        return []
+    runs = store.query(evolution=s.evolution, split="train", status="finished", kind="agent")
+    pairs = preference_pairs(runs, s.finetune.dpo.per_task)
+    return pairs if len(pairs) >= s.finetune.dpo.min_pairs else []
+
+
+def data_version(data: Dataset, pairs: list[PreferencePair]) -> str:
+    """What an adapter is trained on: the SFT dataset's version, and the pairs' if any."""
+    return (
+        data.version if not pairs else content_hash([data.version, sorted(p.key for p in pairs)], length=12)
+    )
 
 
 def train_successes(s: Settings, store: TrajectoryStore) -> list[Trajectory]:
@@ -144,7 +166,10 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
         why = f"{s.model.endpoint} is a remote model: no weights to train here; {len(data.examples)} examples"
         return FinetuneResult("exported", why, data.version, counts, export_path=str(path))
     registry = AdapterRegistry(s)
-    adapter = registry.find(data.version, config_hash(s))
+    pairs = preference_data(s, rt.store)
+    version = data_version(data, pairs)
+    counts["preference_pairs"] = len(pairs)
+    adapter = registry.find(version, config_hash(s))
     action: Action = "reused"
     seconds = 0.0
     if adapter is None:
@@ -155,16 +180,16 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
                 f"{len(new)} new clean successes (action paths no earlier adapter learned; "
                 f"finetune.min_new_successes={need})"
             )
-            return FinetuneResult("skipped", why, data.version, counts)
+            return FinetuneResult("skipped", why, version, counts)
         champion = rt.live_policy()
         if s.finetune.wait_for_champion and (why := champion_changed(rt, generation, champion)):
-            return FinetuneResult("skipped", why, data.version, counts)
+            return FinetuneResult("skipped", why, version, counts)
         if (stop := foreclosed(rt, generation, champion, _dev_tasks(rt, champion, generation))) is not None:
             why = f"no adapter could pass its gate: {stop.reason}"
-            return FinetuneResult("skipped", why, data.version, counts)
-        adapter, seconds = _train(rt, registry, data, who)
+            return FinetuneResult("skipped", why, version, counts)
+        adapter, seconds = _train(rt, registry, data, pairs, who)
         action = "trained"
-    result = FinetuneResult(action, "", data.version, counts, adapter.version, adapter.status)
+    result = FinetuneResult(action, "", version, counts, adapter.version, adapter.status)
     result.train_seconds = seconds
     with batch():  # MLflow's agent versions (a lifecycle listener) follow these decisions once, at the end
         if adapter.status == "candidate":
@@ -187,15 +212,18 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
 
 
 def _train(
-    rt: LoopRuntime, registry: AdapterRegistry, data: Dataset, who: str
+    rt: LoopRuntime, registry: AdapterRegistry, data: Dataset, pairs: list[PreferencePair], who: str
 ) -> tuple[AdapterVersion, float]:
     from ratchet.training.lora import fit_adapter  # torch and peft load only when training
 
     s = rt.settings
     cfg = s.finetune.lora
-    path = data.write_openai_jsonl(s.adapters_dir / "datasets" / f"{data.version}.jsonl")
+    version = data_version(data, pairs)
+    path = data.write_openai_jsonl(s.adapters_dir / "datasets" / f"{version}.jsonl")
     write_text_atomic(path.with_suffix(".sources.json"), json.dumps(sorted(data.sources)))
-    out = s.adapters_dir / ".training" / f"{data.version}-{config_hash(s)}"
+    if pairs:  # beside it, for a person to read: the prompt, the chosen and the rejected call
+        write_pairs(pairs, path.with_suffix(".pairs.jsonl"))
+    out = s.adapters_dir / ".training" / f"{version}-{config_hash(s)}"
 
     def on_step(step: int, total: int, loss: float) -> None:
         progress.report("finetune", step, total)
@@ -207,9 +235,12 @@ def _train(
     autocast = dtype_name(s.model.dtype) == "bfloat16"
     seconds = 0.0
     if not all((out / f).is_file() for f in ADAPTER_FILES):  # else: trained before a kill, not registered
-        trained, too_long = fit_adapter(s.models_dir, data.examples, out, cfg, on_step, autocast=autocast)
-        seconds = trained.wall_seconds
+        trained, too_long = fit_adapter(
+            s.models_dir, data.examples, out, cfg, on_step, autocast=autocast, pairs=pairs, dpo=s.finetune.dpo
+        )
+        seconds = trained.wall_seconds + (trained.dpo.wall_seconds if trained.dpo else 0.0)
         if mlflow.active_run() is not None:
+            dpo = trained.dpo
             mlflow.log_metrics(
                 {
                     "finetune_wall_seconds": trained.wall_seconds,
@@ -219,6 +250,17 @@ def _train(
                     "finetune_tokens": float(trained.tokens),
                     "finetune_model_tokens": float(trained.model_tokens),
                     "finetune_final_loss": trained.losses[-1],
+                    **(
+                        {
+                            "finetune_dpo_pairs": float(dpo.pairs),
+                            "finetune_dpo_too_long": float(trained.dpo_too_long),
+                            "finetune_dpo_steps": float(dpo.steps),
+                            "finetune_dpo_seconds": dpo.wall_seconds,
+                            "finetune_dpo_final_loss": dpo.losses[-1] if dpo.losses else float("nan"),
+                        }
+                        if dpo
+                        else {}
+                    ),
                 }
             )
         faults.point("adapter.trained")
@@ -231,7 +273,7 @@ def _train(
         tracking.log_params(params | {"lora_precision": "bf16-autocast" if autocast else "float32"})
         mlflow.log_artifacts(str(out), f"adapters/{sha[:12]}")
         run_id, source = run.info.run_id, f"{run.info.artifact_uri}/adapters/{sha[:12]}"
-    adapter = registry.register(out, run_id, source, data.version, config_hash(s), who)
+    adapter = registry.register(out, run_id, source, version, config_hash(s), who)
     faults.point("adapter.registered")
     shutil.rmtree(out, ignore_errors=True)  # the registry keeps its own copy
     return adapter, seconds

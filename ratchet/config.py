@@ -334,6 +334,25 @@ class LoraSettings(Section):
     seed: int = Field(default=0, ge=0, le=INT64_MAX)
 
 
+class DpoSettings(Section):
+    """DPO on preference pairs at the step where a success and a failure of one task part
+    (training/preference.py), after SFT, on the same adapter. Part of an adapter's identity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(
+        default=False,
+        description="train the adapter further with DPO on the train split's preference pairs (TRL); "
+        "off until its held-out effect is measured",
+    )
+    min_pairs: int = Field(default=4, ge=1, le=1_000_000, description="fewer pairs: SFT only")
+    per_task: int = Field(default=4, ge=1, le=1000, description="pairs kept per task")
+    beta: float = Field(default=0.1, gt=0, le=100, description="DPO's temperature on the log-ratio margin")
+    lr: float = Field(default=5e-5, gt=0, le=1, description="learning rate of the DPO pass")
+    epochs: int = Field(default=2, ge=1, le=1000)
+    batch_size: int = Field(default=4, ge=1, le=4096, description="pairs per optimizer step")
+
+
 class FinetuneSettings(Section):
     """The fine-tune stage: which successes become data, and whether to train or export."""
 
@@ -368,6 +387,7 @@ class FinetuneSettings(Section):
         "later generation, on rollouts the new champion played",
     )
     lora: LoraSettings = Field(default_factory=LoraSettings)
+    dpo: DpoSettings = Field(default_factory=DpoSettings)
 
 
 class SkillSettings(Section):

@@ -49,10 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ratchet.config import LoraSettings
+from ratchet.config import DpoSettings, LoraSettings
 from ratchet.files import atomic_dir
 from ratchet.server.precision import Precision, resolve
 from ratchet.training.examples import ChatExample
+from ratchet.training.preference import DpoResult, PreferencePair, dpo_rows, train_dpo
 from ratchet.training.prefix_tree import IGNORE, backward_tree, build
 
 
@@ -74,6 +75,8 @@ class TrainResult:
     target_tokens: int = 0
     tokens: int = 0  # the examples' tokens, summed over epochs
     model_tokens: int = 0  # tokens run through the model: shared prefixes once per batch
+    dpo: DpoResult | None = None  # the DPO pass after SFT, if it ran
+    dpo_too_long: int = 0  # preference pairs longer than max_tokens, not trained on
 
 
 def encode(example: ChatExample, tokenizer: Any) -> Encoded:
@@ -195,8 +198,10 @@ def train_lora(
     cfg: LoraSettings,
     on_step: Callable[[int, int, float], None] | None = None,
     autocast: bool = False,
+    save: bool = True,
 ) -> TrainResult:
-    """Train `model`'s LoRA layers on `data` and save the adapter to `out_dir` (atomically).
+    """Train `model`'s LoRA layers on `data` and save the adapter to `out_dir` (atomically;
+    `save=False`: the caller trains it further and saves it).
 
     `on_step(step, total, loss)` is called after every optimizer step (progress, MLflow).
     `cfg.shared_prefixes`: each batch as a prefix tree (see `accumulate`)."""
@@ -240,7 +245,8 @@ def train_lora(
                 on_step(step, total, result.losses[-1])
     model.eval()
     result.wall_seconds = time.perf_counter() - started
-    save_adapter(model, out_dir)
+    if save:
+        save_adapter(model, out_dir)
     return result
 
 
@@ -258,10 +264,14 @@ def fit_adapter(
     on_step: Callable[[int, int, float], None] | None = None,
     dtype: Precision = "float32",
     autocast: bool = False,
+    pairs: Sequence[PreferencePair] = (),
+    dpo: DpoSettings | None = None,
 ) -> tuple[TrainResult, int]:
     """Encode `examples` for the shipped model and train an adapter into `out_dir`: the frozen
     base loaded in `dtype`, the forward under bf16 `autocast` or not (the module docstring
-    says which the fine-tune stage uses, and why not a bf16 base).
+    says which the fine-tune stage uses, and why not a bf16 base). With `pairs` and `dpo`,
+    the adapter then trains on the preference pairs with DPO (training/preference.py) before
+    it is saved: one adapter gets both.
 
     Returns the result and how many examples were dropped as longer than `cfg.max_tokens`."""
     from ratchet.server.weights import ensure_hf_copy
@@ -274,4 +284,10 @@ def fit_adapter(
         raise ValueError(
             f"all {len(examples)} examples are longer than finetune.lora.max_tokens={cfg.max_tokens}"
         )
-    return train_lora(model, data, out_dir, cfg, on_step, autocast), too_long
+    result = train_lora(model, data, out_dir, cfg, on_step, autocast, save=not (pairs and dpo))
+    if pairs and dpo is not None:
+        rows, result.dpo_too_long = dpo_rows(pairs, tokenizer, cfg.max_tokens)
+        if rows:
+            result.dpo = train_dpo(model, tokenizer, rows, dpo, cfg.seed, autocast)
+        save_adapter(model, out_dir)
+    return result, too_long
