@@ -76,6 +76,7 @@ def preference_pairs(trajectories: Iterable[Trajectory], per_task: int = 4) -> l
         if t.kind == "agent" and t.status == "finished" and t.split == "train" and t.prompt is not None:
             by_task[t.task_id].append(t)
     pairs: dict[str, PreferencePair] = {}
+    replayed: dict[str, list[ChatExample] | None] = {}  # each trajectory replayed once
     for task_id in sorted(by_task):
         runs = sorted(by_task[task_id], key=lambda t: (t.budget_used, t.id))
         wins, losses = [t for t in runs if t.success], [t for t in runs if not t.success]
@@ -86,23 +87,33 @@ def preference_pairs(trajectories: Iterable[Trajectory], per_task: int = 4) -> l
                     break
                 if (win.prompt.system, win.prompt.tools) != (loss.prompt.system, loss.prompt.tools):  # type: ignore[union-attr]
                     continue
-                pair = _pair_at(win, loss)
+                pair = _pair_at(win, loss, replayed)
                 if pair is not None and pair.key not in pairs:
                     pairs[pair.key] = pair
                     found += 1
     return list(pairs.values())
 
 
-def _pair_at(win: Trajectory, loss: Trajectory) -> PreferencePair | None:
+def _pair_at(
+    win: Trajectory, loss: Trajectory, replayed: dict[str, list[ChatExample] | None]
+) -> PreferencePair | None:
     i = divergence(win, loss)
     if i is None:
         return None
-    try:
-        chosen = next(e for e in replay(win) if e.step == win.steps[i].index)
-        rejected = next(e for e in replay(loss) if e.step == loss.steps[i].index)
-    except (ReplayError, StopIteration):
+    chosen = _example(win, win.steps[i].index, replayed)
+    rejected = _example(loss, loss.steps[i].index, replayed)
+    if chosen is None or rejected is None or chosen.messages != rejected.messages:
         return None
-    return PreferencePair(chosen, rejected) if chosen.messages == rejected.messages else None
+    return PreferencePair(chosen, rejected)
+
+
+def _example(t: Trajectory, step: int, replayed: dict[str, list[ChatExample] | None]) -> ChatExample | None:
+    if t.id not in replayed:
+        try:
+            replayed[t.id] = replay(t)
+        except ReplayError:  # steps that do not fit the prompt record: not a prompt to learn from
+            replayed[t.id] = None
+    return next((e for e in replayed[t.id] or () if e.step == step), None)
 
 
 def dpo_rows(
