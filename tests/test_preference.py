@@ -93,9 +93,9 @@ def test_dpo_moves_the_adapter_toward_the_chosen_call_and_it_reloads(base_model_
         return out[0] - out[1]
 
     before = margin(model.eval())
-    cfg = s.finetune.dpo.model_copy(update={"lr": 1e-3, "epochs": 2, "batch_size": 2})
+    cfg = s.finetune.dpo.model_copy(update={"lr": 1e-3, "epochs": 1, "batch_size": 2})  # one step: CI time
     result = train_dpo(model, tok, [row, row], cfg, seed=0)
-    assert result.steps == 2 and len(result.losses) == 2
+    assert result.steps == 1 and len(result.losses) == 1
     after = margin(model)
     assert after > before + 0.5, (before, after)  # the chosen call gained on the rejected one
     save_adapter(model, tmp_path / "adapter")
