@@ -520,8 +520,8 @@ def replays_the_same_way(suite: Suite, n: int) -> str:
     """Where the suite declares `replayable`: a stored trajectory (a few random valid actions
     played by the real actor) replayed on a fresh episode, as search explore returns to a
     state, sees every observation and result again."""
-    if not suite.replayable:
-        raise CheckSkipped("the suite does not declare replayable (search explore is refused for it)")
+    if not suite.replayable:  # a promise not made is not a broken one
+        return "not declared (Suite.replayable): search explore is refused for this suite"
     count = 0
     for task in sample(suite, "train", n):
         budget = min(task.max_steps, 6)
