@@ -146,7 +146,7 @@ class Trajectory(BaseModel):
     )
     branch: Branch | None = Field(
         default=None,
-        description="searched: replayed a stored trajectory's first steps, then branched (`agents/search.py`)",
+        description="searched: replayed a stored trajectory's first steps, then branched (agents/search.py)",
     )
     seed: int = Field(description="sampling seed of this rollout")
     policy_version: str
