@@ -285,8 +285,8 @@ def replay_steps(ctx: RolloutContext, stored: list[Step]) -> list[AnyMessage]:
             )
         if ctx.outcome is not None:
             raise ReplayDiverged(f"step {old.index}: the episode ended inside the replayed steps")
-        if step.tool_call is None:
-            history += [AIMessage(content=step.message), HumanMessage(step.tool_result)]
+        if step.tool_call is None:  # a text reply the episode took
+            history += text_turn(step)
         else:
             call_id = f"replay_{step.index}"
             call = {

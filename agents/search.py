@@ -103,20 +103,12 @@ class Archive:
         return Start(parent=cell.parent, prefix=prefix, away=frozenset(cell.taken))
 
 
-@dataclass(frozen=True)
-class TaskSearch:
-    """Where one task's search stands this generation."""
-
-    task_id: str
-    calls: int  # model calls its searched rollouts made
-    solved: bool  # a rollout of this generation, sampled or searched, succeeded
-
-
-def standing(task_id: str, trajectories: Sequence[Trajectory]) -> TaskSearch:
-    agent = [t for t in trajectories if t.kind == "agent" and t.status == "finished"]
-    searched = [t for t in trajectories if t.branch is not None]
-    calls = sum(s.source == "model" for t in searched for s in t.steps)
-    return TaskSearch(task_id, calls, any(t.success for t in agent))
+def standing(trajectories: Sequence[Trajectory]) -> tuple[int, bool]:
+    """Where one task's search stands this generation: the model calls its searched rollouts
+    made, and whether a rollout of it, sampled or searched, succeeded."""
+    calls = sum(s.source == "model" for t in trajectories if t.branch is not None for s in t.steps)
+    solved = any(t.success for t in trajectories if t.kind == "agent" and t.status == "finished")
+    return calls, solved
 
 
 def search_slots(
@@ -135,8 +127,8 @@ def search_slots(
         if task.split != "train":
             raise ValueError(f"{task.id}: only train tasks are searched (dev and test never are)")
         mine = stored.get(task.id, ())
-        st = standing(task.id, mine)
-        if st.solved or st.calls >= calls:
+        spent, solved = standing(mine)
+        if solved or spent >= calls:
             continue
         frontier = (archive := Archive.of(mine, max_steps(task))).frontier()
         if frontier:

@@ -53,7 +53,7 @@ from ratchet.config import DpoSettings, LoraSettings
 from ratchet.files import atomic_dir
 from ratchet.server.precision import Precision, resolve
 from ratchet.training.examples import ChatExample
-from ratchet.training.preference import DpoResult, PreferencePair, dpo_rows, train_dpo
+from ratchet.training.preference import END, DpoResult, PreferencePair, dpo_rows, train_dpo
 from ratchet.training.prefix_tree import IGNORE, backward_tree, build
 
 
@@ -87,7 +87,7 @@ def encode(example: ChatExample, tokenizer: Any) -> Encoded:
     if full[: len(prompt_ids)] != prompt_ids:
         raise ValueError("the chat template does not render the prompt as a prefix of prompt + answer")
     answer = full[len(prompt_ids) :]
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    end = tokenizer.convert_tokens_to_ids(END)
     if end in answer:  # learn to stop; what the template adds after the end token is never generated
         answer = answer[: answer.index(end) + 1]
     return Encoded(prompt_ids + answer, [IGNORE] * len(prompt_ids) + answer)

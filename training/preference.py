@@ -19,6 +19,7 @@ with a peft model). The adapter is then gated like any other.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections import defaultdict
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.config import DpoSettings
+from ratchet.files import write_text_atomic
 from ratchet.hashing import content_hash
 from ratchet.training.examples import ChatExample, ReplayError, replay
 from ratchet.types import Step, Trajectory
@@ -223,10 +225,6 @@ def pair_sources(pairs: Sequence[PreferencePair]) -> list[str]:
 
 def write_pairs(pairs: Sequence[PreferencePair], path: Path) -> Path:
     """The pairs as JSONL (prompt messages, tools, chosen and rejected calls), for a person to read."""
-    import json
-
-    from ratchet.files import write_text_atomic
-
     lines = [
         json.dumps(
             {
