@@ -7,7 +7,7 @@ as one line with exit code 2.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -118,15 +118,16 @@ def _start_prefect(settings: Settings) -> None:
         start_prefect_api()
 
 
-def _launch(target: str, settings: Settings, generation: int, gate: bool = False, **params: Any) -> Any:
-    """Check the input (one clear line, nothing written), then run the flow `module:name`
-    with progress bars. The flow module is imported only after the checks: importing
+def _launch(target: str, settings: Settings, generation: int, of: Sequence[str], **params: Any) -> Any:
+    """Check the input of stages `of` (one clear line, nothing written), then run the flow
+    `module:name` with progress bars. The flow module is imported only after the checks: importing
     Prefect creates its home in the data dir."""
     import importlib
 
+    from ratchet.flows import loop
     from ratchet.flows.runtime import preflight
 
-    preflight(settings, gate=gate)
+    preflight(settings, gate=loop.gated(of), splits=loop.splits(of))
     from ratchet.flows.launch import run_flow
 
     module, name = target.split(":")
@@ -140,8 +141,7 @@ def _one_stage(name: str, settings: Settings, generation: int) -> None:
     """`ratchet <stage>`: one stage of the loop (`ratchet.flows.loop.LOOP`), then what it found."""
     from ratchet.flows.loop import stage
 
-    s = stage(name)
-    _launch(s.flow_path, settings, generation, gate=s.gated).render(console, settings)
+    _launch(stage(name).flow_path, settings, generation, (name,)).render(console, settings)
 
 
 # ------------------------------------------------------------------------------------ commands
@@ -310,7 +310,7 @@ def run(
 ) -> None:
     """Run stages of one generation (default explore, diagnose, distill, evaluate); print a summary."""
     with guard():
-        from ratchet.flows.loop import gated, run_stages, stage_names
+        from ratchet.flows.loop import run_stages, stage_names
         from ratchet.flows.stage import render_outcomes
 
         stages = tuple(stage or run_stages())
@@ -318,9 +318,7 @@ def run(
         if unknown:
             raise ConfigError(f"unknown stage {unknown[0]!r}", f"choose from {', '.join(stage_names())}")
         settings = load(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
-        result = _launch(
-            "ratchet.flows.evolve:generation_flow", settings, generation, gated(stages), stages=stages
-        )
+        result = _launch("ratchet.flows.evolve:generation_flow", settings, generation, stages, stages=stages)
         render_outcomes(list(result.stages.values()), console, settings, run_id=result.run_id)
 
 

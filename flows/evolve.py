@@ -109,7 +109,7 @@ def generation_flow(
     unknown = sorted(set(stages) - set(names))
     if unknown:
         raise ValueError(f"unknown stages {unknown}; the loop's stages are {list(names)}")
-    preflight(settings, gate=loop.gated(stages))
+    preflight(settings, gate=loop.gated(stages), splits=loop.splits(stages))
     results = {}
     with model_endpoint(settings, base_url) as url:
         for name in names:

@@ -63,6 +63,7 @@ LOOP: tuple[Stage, ...] = (
         traced=True,
         in_run=True,
         distributed=True,
+        splits=("train",),
         fill=fill_explore,
     ),
     Stage("diagnose", "ratchet.flows.diagnose:diagnose_flow", in_run=True),
@@ -76,6 +77,7 @@ LOOP: tuple[Stage, ...] = (
         in_run=True,
         baseline=True,
         distributed=True,
+        splits=("test",),
         fill=fill_evaluate,
     ),
 )
@@ -102,6 +104,12 @@ def run_stages() -> tuple[str, ...]:
 def gated(names: Collection[str]) -> bool:
     """Whether any of `names` gates candidates, so needs a dev split the gate can decide on."""
     return any(s.gated for s in LOOP if s.name in names)
+
+
+def splits(names: Collection[str]) -> tuple[str, ...]:
+    """The splits whose tasks `names` play, in the loop's order (`ratchet evaluate` alone needs
+    no train split as large as `splits.train`)."""
+    return tuple(dict.fromkeys(sp for s in LOOP if s.name in names for sp in s.splits))
 
 
 def traced(name: str) -> bool:

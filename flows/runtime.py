@@ -202,12 +202,13 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
         yield url
 
 
-def preflight(settings: Settings, gate: bool = False) -> None:
+def preflight(settings: Settings, gate: bool = False, splits: Sequence[str] = ("train", "test")) -> None:
     """Fail fast on bad input, before a flow run, a model server or any new state exists.
 
     Cheapest first: the state files already in the data dir (journal, trajectory DB, skill
     audit log, the champion adapter's files), then the settings (`gate`: the dev split is
-    large enough for the A/B gate), the suite and Java, the endpoint or the port."""
+    large enough for the A/B gate), the suite and Java, whether the suite has `splits` at the
+    sizes set, the endpoint or the port."""
     check_state_files(settings)
     if gate:
         check_dev_size(settings, {"each family": settings.splits.dev})
@@ -222,7 +223,7 @@ def preflight(settings: Settings, gate: bool = False) -> None:
         suite.check()
         if settings.explore.search:
             check_search(suite)
-        for split in ("train", "test"):
+        for split in splits:
             try:  # the seeds alone tell whether the split is that large; no need to build tasks
                 for subset in suite.subsets:
                     suite.split_seeds(subset, split, getattr(settings.splits, split))

@@ -62,6 +62,7 @@ class Stage:
     flow_path: str  # "module:attr" of its Prefect flow, imported by `flow()` on first use
     traced: bool = False  # a sample of its rollouts is traced to MLflow (`flows/traces.py`)
     gated: bool = False  # it runs the A/B gate, so it needs a dev split large enough for it
+    splits: tuple[str, ...] = ()  # the splits whose tasks it plays: preflight checks they can be built
     in_run: bool = False  # plain `ratchet run` (no --stage) runs it
     baseline: bool = False  # it runs in generation 0, the baseline (every stage runs in g >= 1)
     distributed: bool = False  # its rollouts go to Dask or Ray workers when `evolve.task_runner` says so

@@ -192,6 +192,14 @@ def test_split_larger_than_the_suite_offers_is_one_line(tmp_path):
     proc = ratchet("--suite", "reasoning-gym:chain_sum", "run", "--train", "2000000", cwd=tmp_path)
     assert_one_line_error(proc, "cannot build the train split", "splits.train")
     assert nothing_written(tmp_path / "data")
+    # evaluate plays only the test split: a train split the suite cannot fill is not its error
+    # (a plug-in with 6 train tasks is evaluated under the default splits.train = 8)
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    env = {"RATCHET_SPLITS__TRAIN": "2000000"}
+    proc = ratchet("--endpoint", url, "--suite", "reasoning-gym:chain_sum", "evaluate", cwd=tmp_path, env=env)
+    assert_one_line_error(proc, url, "unreachable")
+    proc = ratchet("--endpoint", url, "--suite", "reasoning-gym:chain_sum", "explore", cwd=tmp_path, env=env)
+    assert_one_line_error(proc, "cannot build the train split", "splits.train")
 
 
 def _library_with_a_tool(data: Path):  # type: ignore[no-untyped-def]
