@@ -37,6 +37,7 @@ from langgraph.runtime import Runtime
 
 from ratchet.agents.prompts import REPEAT_MIN_CHARS, repeat_note, system_prompt, task_prompt
 from ratchet.hashing import content_hash
+from ratchet.skills.constraints import constrain_args
 from ratchet.skills.rules import Tried, bind_to_menu, call_text, constrain_tools, menu_entries, normal
 from ratchet.suites.base import ActionError, Episode, StepResult
 from ratchet.types import NO_TOOL_CALL, TOOL_ERROR, Policy, PromptRecord, SkillText, Step, ToolCall
@@ -109,9 +110,13 @@ class RolloutContext:
 
     def tool_defs(self, step: Step | None = None) -> list[dict[str, Any]]:
         """The environment's tools of this step, then the policy's, narrowed by the policy's
-        rules (which fired is recorded on `step`)."""
+        rules and argument constraints (which fired is recorded on `step`)."""
         offered = bind_to_menu([*self.episode.tools(), *self.policy.tools])
         tools, fired = constrain_tools(offered, self.policy.rules, self.observation, self.tried)
+        if self.policy.constraints:  # what it has read: the task, every observation so far
+            read = [self.episode.task.instruction, *(s.observation for s in self.steps), self.observation]
+            tools, bound = constrain_args(tools, self.policy.constraints, read)
+            fired += bound
         if step is not None:
             step.rules, step.menu = fired, menu_entries(offered)
         return [t.to_openai() for t in tools]

@@ -43,6 +43,7 @@ from ratchet.flows import tracking
 from ratchet.flows.progress import report
 from ratchet.flows.rollouts import MODEL_CALL
 from ratchet.flows.runtime import LoopRuntime, open_runtime
+from ratchet.skills.constraints import constraint_skill, mine_constraints
 from ratchet.skills.exemplars import exemplar_skill, pick_demos
 from ratchet.skills.format import Skill, SkillKind, render
 from ratchet.skills.library import AddResult
@@ -266,6 +267,23 @@ def proposed_rules(ev: Evidence, family: str) -> list[Draft]:
     if ev.proposer is None or (job := rule_job(family, ev.families[family], ev.diagnoses)) is None:
         return []
     return [Job(f"rule {family}", ev.proposer, {"job": job, "screen": ev.screen(family)})]
+
+
+@source("constraint")
+def constraints(ev: Evidence, family: str) -> list[Draft]:
+    """Argument constraints on the tools without a menu that the family's successes called,
+    from its solved train tasks of every generation so far (no model)."""
+    if not ev.settings.distill.constraints:
+        return []
+    wins, screen = ev.solved()
+    found: list[Draft] = []
+    for mined in mine_constraints(family, wins):
+        skill = constraint_skill(family, mined, ev.settings.evolution, ev.generation)
+        if problems := screen.problems(f"{skill.description}\n{skill.body}"):
+            ev.drop(f"constraint {skill.name}", problems)
+        else:
+            found.append(skill)
+    return found
 
 
 @source("exemplar")

@@ -177,6 +177,11 @@ class DistillSettings(Section):
         le=1000,
         description="solved train tasks an exemplar candidate holds per family; 0 = none",
     )
+    constraints: bool = Field(
+        default=True,
+        description="argument constraints for tools without a menu, mined from the successful calls "
+        "of every generation so far (no teacher: skills/constraints.py)",
+    )
     teacher_rules: bool = Field(
         default=True,
         description="a configured teacher (teacher.endpoint or teacher.name set) proposes one rule per "

@@ -15,13 +15,13 @@ A candidate is anything the loop proposes, gates and may make live. Its kind say
 * `label(name) -> str`: how a person sees one named ("adapter v3"; a skill by its name).
 * `priority`: the gate's order when a generation gates only some candidates of a family
   (`verify.max_candidates`): lower first. Kinds that act whatever the model makes of them
-  (a rule narrows the menu, a bound tool's argument is forced valid) are 0; text the model
+  (a rule narrows the menu, a constraint or a bound tool forces an argument valid) are 0; text the model
   may ignore (procedure, guardrail, exemplar) is 1: on coin with the shipped 135M model no
   candidate of those kinds was ever promoted, while rules and bound tools were
   (bench/RESULTS.md, the headline's gates).
 
 `KINDS` is the registry, filled by the modules that own the candidates' types:
-`ratchet.skills.kinds` (procedure, guardrail, tool, rule, exemplar; imported by
+`ratchet.skills.kinds` (procedure, guardrail, tool, rule, constraint, exemplar; imported by
 `skills/format.py`, so a `Skill` never exists without them) and `ratchet.training.registry`
 (adapter). A new kind is one module with its `CandidateKind` and one `register` line; see
 docs/extending.md, "Adding a candidate kind". This module imports nothing of the layers above

@@ -243,8 +243,34 @@ class RuleSpec(BaseModel):
     )
 
 
+class ArgConstraint(BaseModel):
+    """What one argument of a tool may be, beyond its own schema (`ratchet.skills.constraints`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    from_context: bool = Field(
+        default=False,
+        description="a span of what the agent has read: a string is words of the task or a result "
+        "seen so far, a number one of their numbers",
+    )
+    max_length: int | None = Field(default=None, ge=1, description="a string's longest (the grammar ends it)")
+    integer: bool = Field(default=False, description="a number is whole")
+
+
+class ConstraintSpec(BaseModel):
+    """Argument constraints on one tool: data ratchet writes into the tool's JSON schema
+    before the model calls it, so constrained decoding can only produce arguments that fit."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    tool: str = Field(min_length=1, description="the tool whose arguments it constrains")
+    args: dict[str, ArgConstraint] = Field(min_length=1, description="per argument name")
+
+
 class Policy(BaseModel):
-    """What acts: model endpoint + LoRA adapter + active skills, tools, action rules and exemplars."""
+    """What acts: model endpoint + LoRA adapter + active skills, tools, action rules, exemplars
+    and argument constraints."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -256,6 +282,9 @@ class Policy(BaseModel):
     rules: tuple[RuleSpec, ...] = ()
     exemplars: tuple[SkillText, ...] = Field(
         default=(), description="solved train tasks a task's prompt may show (the nearest few)"
+    )
+    constraints: tuple[ConstraintSpec, ...] = Field(
+        default=(), description="argument constraints on the tools offered (`skills/constraints.py`)"
     )
 
     @property
@@ -273,9 +302,14 @@ class Policy(BaseModel):
                 "skills": sorted(s.content_hash for s in self.skills),
                 "tools": sorted(content_hash(t.model_dump()) for t in self.tools),
             }
-            # only when there are rules or exemplars, so every policy without them keeps its version
+            # only when there are rules, exemplars or constraints, so a policy without them keeps its version
             | ({"rules": sorted(content_hash(r.model_dump()) for r in self.rules)} if self.rules else {})
-            | ({"exemplars": sorted(e.content_hash for e in self.exemplars)} if self.exemplars else {}),
+            | ({"exemplars": sorted(e.content_hash for e in self.exemplars)} if self.exemplars else {})
+            | (
+                {"constraints": sorted(content_hash(c.model_dump()) for c in self.constraints)}
+                if self.constraints
+                else {}
+            ),
             length=12,
         )
 

@@ -4,6 +4,7 @@
     <library>/<name>/scripts/tool.py   tools only: the code, run in the sandbox
     <library>/<name>/scripts/tool.json tools only: {"entry", "kind", "parameters"}
     <library>/<name>/scripts/rule.json rules only: the RuleSpec ratchet applies to the menu
+    <library>/<name>/scripts/constraint.json constraints only: the ConstraintSpec on a tool's arguments
     <library>/<name>/scripts/exemplars.json exemplars only: the solved train tasks it may show
 
 agentskills.io front matter has `name` (lowercase letters, digits, hyphens; at most 64
@@ -14,7 +15,7 @@ Two hashes, both checked on load (a file edited after it was written is refused 
 silently used):
 
 * `ratchet-content-hash` covers what changes behaviour (name, description, body, tool code and
-  spec, rule, exemplars). It names the candidate's arm in a gate and its index entry, so it
+  spec, rule, constraint, exemplars). It names the candidate's arm in a gate and its index entry, so it
   must not move when only metadata does (a merge joining provenance).
 * `ratchet-record-hash` covers the whole record: the content hash and every other field the
   file carries (kind, family, evolution, generation, provenance, created-at), all but the
@@ -44,13 +45,13 @@ from ratchet.hashing import content_hash
 from ratchet.kinds import KINDS, kinds_in
 from ratchet.lifecycle import Status
 from ratchet.skills import kinds as _kinds  # noqa: F401 - registers the built-in kinds before any Skill
-from ratchet.types import RuleSpec, SkillText, ToolSpec
+from ratchet.types import ConstraintSpec, RuleSpec, SkillText, ToolSpec
 
 # The built-in skill kinds (`ratchet.skills.kinds`). `Skill.kind` takes any kind registered for
 # the skill store (`ratchet.kinds.register`), so a new kind needs no edit here: a Literal
 # would refuse it, and an unregistered name is refused by `Skill._kind` (a SKILL.md of a
 # plug-in's kind, read without the plug-in, is one SkillFileError line, never live).
-SkillKind = Literal["procedure", "guardrail", "tool", "rule", "exemplar"]
+SkillKind = Literal["procedure", "guardrail", "tool", "rule", "constraint", "exemplar"]
 SkillStatus = Status  # the one candidate lifecycle (`ratchet.lifecycle`)
 ToolKind = Literal["macro", "function"]
 
@@ -85,7 +86,7 @@ class Demo(BaseModel):
 
 
 class Skill(BaseModel):
-    """One skill (procedure, guardrail, tool, rule or exemplar set) with its provenance and
+    """One skill (procedure, guardrail, tool, rule, constraint or exemplar set) with its provenance and
     lifecycle status."""
 
     name: str
@@ -100,6 +101,8 @@ class Skill(BaseModel):
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     tool: ToolSource | None = None
     rule: RuleSpec | None = None  # kind "rule": data the actor applies to the menu (`skills/rules.py`)
+    # kind "constraint": data the actor writes into a tool's schema (`skills/constraints.py`)
+    constraint: ConstraintSpec | None = None
     exemplars: tuple[Demo, ...] | None = None  # kind "exemplar": solved tasks a prompt may show
 
     @field_validator("name")
@@ -135,7 +138,9 @@ class Skill(BaseModel):
     @property
     def content_hash(self) -> str:
         """What changes behaviour (module docstring)."""
-        return skill_hash(self.name, self.description, self.body, self.tool, self.rule, self.exemplars)
+        return skill_hash(
+            self.name, self.description, self.body, self.tool, self.rule, self.exemplars, self.constraint
+        )
 
     @property
     def record_hash(self) -> str:
@@ -150,6 +155,8 @@ class Skill(BaseModel):
     def _data_matches_kind(self) -> Skill:
         if (self.kind == "rule") != (self.rule is not None):
             raise ValueError("a skill of kind 'rule' carries a rule, and only such a skill does")
+        if (self.kind == "constraint") != (self.constraint is not None):
+            raise ValueError("a skill of kind 'constraint' carries a constraint, and only such a skill does")
         if (self.kind == "exemplar") != bool(self.exemplars):
             raise ValueError("a skill of kind 'exemplar' carries solved tasks, and only such a skill does")
         return self
@@ -168,6 +175,12 @@ class Skill(BaseModel):
             raise ValueError(f"skill {self.name!r} is not a rule")
         return self.rule.model_copy(update={"name": self.name})
 
+    def constraint_spec(self) -> ConstraintSpec:
+        """The constraint as the actor applies it, named as filed (its firings name the skill)."""
+        if self.constraint is None:
+            raise ValueError(f"skill {self.name!r} is not a constraint")
+        return self.constraint.model_copy(update={"name": self.name})
+
     def tool_spec(self) -> ToolSpec:
         if self.tool is None:
             raise ValueError(f"skill {self.name!r} is not a tool")
@@ -181,12 +194,15 @@ def skill_hash(
     tool: ToolSource | None,
     rule: RuleSpec | None = None,
     exemplars: tuple[Demo, ...] | None = None,
+    constraint: ConstraintSpec | None = None,
 ) -> str:
     parts: list[Any] = [name, description, body.strip(), tool.model_dump() if tool else None]
     if rule is not None:  # appended only for rules, so every other skill keeps the hash it was filed with
         parts.append(rule.model_dump(mode="json"))
     if exemplars is not None:  # likewise only for exemplars
         parts.append([d.model_dump(mode="json") for d in exemplars])
+    if constraint is not None:  # likewise only for constraints
+        parts.append(constraint.model_dump(mode="json"))
     return content_hash(parts, length=16)
 
 
@@ -241,6 +257,8 @@ def write_files(skill: Skill, directory: Path) -> None:
     data: dict[str, Any] = {}
     if skill.rule is not None:
         data["rule.json"] = skill.rule.model_dump(mode="json")
+    if skill.constraint is not None:
+        data["constraint.json"] = skill.constraint.model_dump(mode="json")
     if skill.exemplars is not None:
         data["exemplars.json"] = [d.model_dump(mode="json") for d in skill.exemplars]
     for file, content in data.items():
@@ -295,6 +313,7 @@ def load(directory: Path) -> Skill:
             tool=_load_tool(directory) if meta["ratchet-kind"] == "tool" else None,
             rule=_load_rule(directory) if meta["ratchet-kind"] == "rule" else None,
             exemplars=_load_exemplars(directory) if meta["ratchet-kind"] == "exemplar" else None,
+            constraint=_load_constraint(directory) if meta["ratchet-kind"] == "constraint" else None,
         )
     except (ValidationError, ValueError) as exc:
         first = str(exc).splitlines()
@@ -322,6 +341,10 @@ def load(directory: Path) -> Skill:
 
 def _load_rule(directory: Path) -> RuleSpec:
     return RuleSpec.model_validate(_load_json(directory / "scripts" / "rule.json", "rule"))
+
+
+def _load_constraint(directory: Path) -> ConstraintSpec:
+    return ConstraintSpec.model_validate(_load_json(directory / "scripts" / "constraint.json", "constraint"))
 
 
 def _load_exemplars(directory: Path) -> tuple[Demo, ...]:

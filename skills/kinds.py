@@ -1,11 +1,11 @@
 """The skill library's candidate kinds, registered (`ratchet.kinds`): procedure, guardrail,
-tool, rule and exemplar, each a SKILL.md folder in `skills/library.py:SkillLibrary`.
+tool, rule, constraint and exemplar, each a SKILL.md folder in `skills/library.py:SkillLibrary`.
 
 What each does to a policy (`apply`) and how its live text reads (`template`) is here and
-nowhere else. `skills/format.py` imports this module, so the five are registered wherever a
+nowhere else. `skills/format.py` imports this module, so the six are registered wherever a
 `Skill` can be read. A candidate here is a `ratchet.skills.format.Skill`, read through its own
-methods (`text`, `tool_spec`, `rule_spec`, `demo_texts`); this module does not import it, so
-format.py can import this one.
+methods (`text`, `tool_spec`, `rule_spec`, `constraint_spec`, `demo_texts`); this module does
+not import it, so format.py can import this one.
 """
 
 from __future__ import annotations
@@ -51,6 +51,18 @@ def rule_template(skill: Skill) -> str:
     return f"{skill.description}\n\nrule: {json.dumps(data, sort_keys=True)}"
 
 
+def add_constraints(policy: Policy, skills: Sequence[Skill]) -> Policy:
+    """Argument constraints: a `ConstraintSpec` on `Policy.constraints`, written into the
+    offered tools' schemas before each model call (`skills/constraints.py`)."""
+    specs = tuple(s.constraint_spec() for s in skills)
+    return policy.model_copy(update={"constraints": policy.constraints + specs})
+
+
+def constraint_template(skill: Skill) -> str:
+    data = skill.constraint_spec().model_dump(mode="json", exclude={"name"})
+    return f"{skill.description}\n\nconstraint: {json.dumps(data, sort_keys=True)}"
+
+
 def add_exemplars(policy: Policy, skills: Sequence[Skill]) -> Policy:
     """Exemplar sets: their solved tasks on `Policy.exemplars`, each shown once (two live sets
     may hold the same solved task)."""
@@ -86,6 +98,16 @@ TOOL = register(
 RULE = register(
     CandidateKind(
         "rule", "skills", add_rules, rule_template, description="an action rule on the menu", priority=0
+    )
+)
+CONSTRAINT = register(
+    CandidateKind(
+        "constraint",
+        "skills",
+        add_constraints,
+        constraint_template,
+        description="argument constraints on a tool without a menu",
+        priority=0,  # the grammar enforces it, whatever the model makes of it
     )
 )
 EXEMPLAR = register(

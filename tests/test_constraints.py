@@ -1,0 +1,233 @@
+"""Argument constraints: mined from the policy's own successful calls of tools without a
+menu, written into the tool's schema before each model call, filed as skills of kind
+`constraint`. Against the real engine, what a constraint promises is mechanical (the model
+cannot write an argument outside it), so that is what is checked on every call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ratchet.agents.actor import ActorSettings, build_actor
+from ratchet.agents.rollout import RolloutSlot, run_rollout
+from ratchet.agents.testing import ScriptedChatModel, call
+from ratchet.errors import SkillFileError
+from ratchet.skills.constraints import (
+    ENUM_MAX,
+    constrain_args,
+    constraint_skill,
+    mine_constraints,
+    numbers,
+    spans,
+)
+from ratchet.skills.format import load, write_files
+from ratchet.suites.base import ActionError, Episode, StepResult, Suite
+from ratchet.types import ArgConstraint, ConstraintSpec, Policy, Step, Task, ToolCall, ToolSpec, Trajectory
+
+CITIES = {"Oslo": "rain, 4 C", "Lima": "sunny, 22 C", "New York": "snow, -2 C", "Cape Town": "windy, 18 C"}
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="Current weather in a city.",
+    parameters={
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}, "days": {"type": "number"}},
+        "required": ["city"],
+    },
+)
+
+
+class Desk(Episode):
+    """One call of get_weather; success if it names the task's city."""
+
+    def reset(self) -> StepResult:
+        return StepResult(f"User: what is the weather in {self.task.spec['city']} over 3 days?")
+
+    def tools(self) -> list[ToolSpec]:
+        return [WEATHER]
+
+    def step(self, c: ToolCall) -> StepResult:
+        city = c.args.get("city")
+        if not isinstance(city, str):
+            raise ActionError("get_weather needs a city")
+        ok = city.strip().lower() == self.task.spec["city"].lower()
+        return StepResult(CITIES.get(city.strip(), f"unknown city {city!r}"), done=True, success=ok)
+
+
+class DeskSuite(Suite):
+    name = "desk-test"
+    key_type = str
+
+    def make_task(self, subset, split, seed):  # type: ignore[no-untyped-def]
+        return self.new_task(
+            subset, split, seed, instruction="Call the right tool.", max_steps=1, spec={"city": seed}
+        )
+
+    def split_seeds(self, subset, split, n):  # type: ignore[no-untyped-def]
+        return list(CITIES)[:n]
+
+    def episode(self, task: Task) -> Episode:
+        return Desk(task)
+
+
+SUITE = DeskSuite()
+CITY = ConstraintSpec(
+    name="c-args-get-weather", tool="get_weather", args={"city": ArgConstraint(from_context=True)}
+)
+
+
+def _won(
+    task_id: str, city: str, *, success: bool = True, kind: str = "agent", menu: list[str] | None = None
+):  # type: ignore[no-untyped-def]
+    subset, split = task_id.split(":")[1:3]
+    return Trajectory(
+        id=f"t-{task_id}-{city}-{success}-{kind}",
+        evolution="e",
+        generation=1,
+        task_id=task_id,
+        suite="desk-test",
+        subset=subset,
+        split=split,  # type: ignore[arg-type]
+        rollout=0,
+        seed=0,
+        policy_version="p",
+        kind=kind,  # type: ignore[arg-type]
+        instruction="Call the right tool.",
+        steps=[
+            Step(
+                index=0,
+                observation=f"User: what is the weather in {task_id.rsplit(':', 1)[-1]} over 3 days?",
+                tool_call=ToolCall(name="get_weather", args={"city": city, "days": 3}),
+                tool_result="rain",
+                menu=["get_weather: *"] if menu is None else menu,
+            )
+        ],
+        success=success,
+    )
+
+
+# ----------------------------------------------------------------------------- applying
+
+
+def test_spans_and_numbers_are_what_the_text_says_words_kept_whole():
+    found = spans(["User: what is the weather in New York, today? It's -2.5 C."])
+    assert "New York" in found and "weather in New York" in found and "It's" in found
+    assert "York today" not in found  # a comma ends a span
+    assert numbers(["100 EUR is 90.5 USD, not -2"]) == [100, 90.5, -2]
+
+
+def test_a_from_context_string_becomes_an_enum_of_what_was_read_and_the_firing_is_named():
+    tools, fired = constrain_args([WEATHER], [CITY], ["Call the right tool.", "User: weather in Oslo?"])
+    enum = tools[0].parameters["properties"]["city"]["enum"]
+    assert "Oslo" in enum and "Lima" not in enum and fired == [CITY.name]
+    assert tools[0].parameters["properties"]["days"] == {"type": "number"}  # not constrained: as it was
+    assert WEATHER.parameters["properties"]["city"] == {"type": "string", "maxLength": 40}  # not mutated
+
+
+def test_numbers_lengths_and_whole_numbers_and_what_is_left_alone():
+    spec = ConstraintSpec(
+        name="n",
+        tool="get_weather",
+        args={"days": ArgConstraint(from_context=True, integer=True), "city": ArgConstraint(max_length=12)},
+    )
+    tools, fired = constrain_args([WEATHER], [spec], ["weather for 3 days, or 2.5"])
+    props = tools[0].parameters["properties"]
+    assert props["days"] == {"type": "integer", "enum": [3]}  # 2.5 is not whole
+    assert props["city"] == {"type": "string", "maxLength": 12}
+    assert fired == ["n"]
+    # a bound looser than the schema's own is not written; another tool's constraint does nothing
+    loose = ConstraintSpec(name="l", tool="get_weather", args={"city": ArgConstraint(max_length=99)})
+    other = ConstraintSpec(name="o", tool="get_time", args={"city": ArgConstraint(from_context=True)})
+    assert constrain_args([WEATHER], [loose, other], ["Oslo"]) == ([WEATHER], [])
+    # an enumerated argument is the menu's, the rules' to narrow
+    menu = WEATHER.model_copy(
+        update={
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Lima"]}}}
+        }
+    )
+    assert constrain_args([menu], [CITY], ["Oslo"]) == ([menu], [])
+
+
+def test_too_many_values_leave_the_argument_free_rather_than_a_grammar_too_large():
+    long_text = " ".join(f"w{i}" for i in range(ENUM_MAX))  # ~4 x ENUM_MAX spans
+    assert constrain_args([WEATHER], [CITY], [long_text]) == ([WEATHER], [])
+
+
+# ------------------------------------------------------------------------------- mining
+
+
+def test_mined_from_own_train_successes_across_tasks_only():
+    wins = [_won("desk-test:a:train:Oslo", "Oslo"), _won("desk-test:a:train:New York", "new york")]
+    (mined,) = mine_constraints("desk-test:a", wins)
+    spec = mined.spec
+    assert spec.tool == "get_weather" and spec.name == "a-args-get-weather"
+    assert spec.args["city"] == ArgConstraint(from_context=True, max_length=16)
+    assert spec.args["days"] == ArgConstraint(from_context=True, integer=True)
+    assert set(mined.trajectory_ids) == {t.id for t in wins}
+    # one task is not a pattern; failures, experts, dev tasks and other families are not evidence
+    noise = [
+        _won("desk-test:a:train:Lima", "Paris", success=False),
+        _won("desk-test:a:train:Lima", "Lima", kind="expert"),
+        _won("desk-test:a:dev:Lima", "Lima"),
+        _won("desk-test:b:train:Lima", "Lima"),
+    ]
+    assert mine_constraints("desk-test:a", [wins[0], *noise]) == []
+    # a value the agent never read is not from context
+    (guess,) = mine_constraints("desk-test:a", [*wins, _won("desk-test:a:train:Lima", "Peru")])
+    assert guess.spec.args["city"].from_context is False
+    # an enumerated tool (a menu) is the rules' business
+    menu = ["get_weather: oslo", "get_weather: lima"]
+    assert mine_constraints("desk-test:a", [_won(t.task_id, "Oslo", menu=menu) for t in wins]) == []
+
+
+def test_a_constraint_skill_round_trips_and_an_edit_is_refused(tmp_path: Path):
+    wins = [_won("desk-test:a:train:Oslo", "Oslo"), _won("desk-test:a:train:Lima", "Lima")]
+    skill = constraint_skill("desk-test:a", mine_constraints("desk-test:a", wins)[0], "e", 1)
+    write_files(skill, tmp_path / skill.name)
+    back = load(tmp_path / skill.name)
+    assert back == skill and back.constraint_spec().name == skill.name
+    path = tmp_path / skill.name / "scripts" / "constraint.json"
+    data = json.loads(path.read_text())
+    data["args"]["city"]["from_context"] = False
+    path.write_text(json.dumps(data))
+    with pytest.raises(SkillFileError, match="changed after it was written"):
+        load(tmp_path / skill.name)
+    path.write_text("{not json")
+    with pytest.raises(SkillFileError, match="constraint file unreadable"):
+        load(tmp_path / skill.name)
+
+
+def test_constraints_change_the_policy_version_and_their_absence_keeps_it():
+    base = Policy(model="m")
+    assert Policy(model="m", constraints=()).version == base.version
+    assert Policy(model="m", constraints=(CITY,)).version != base.version
+
+
+# ------------------------------------------------------------------------------- playing
+
+
+def test_the_actor_offers_the_constrained_schema_and_records_the_firing():
+    llm = ScriptedChatModel(script=[call("get_weather", city="Oslo")])
+    task = SUITE.make_task("a", "train", "Oslo")
+    policy = Policy(model="m", constraints=(CITY,))
+    t = run_rollout(build_actor(llm), SUITE, RolloutSlot("e", 0, task, 0), policy, ActorSettings(max_steps=1))
+    assert t.success and t.steps[0].rules == [CITY.name]
+    enum = llm.calls[0]["tools"][0]["function"]["parameters"]["properties"]["city"]["enum"]
+    assert "Oslo" in enum and "weather in Oslo" in enum
+
+
+@pytest.mark.integration
+def test_the_embedded_model_only_ever_writes_a_city_it_read(embedded_server: str) -> None:
+    from ratchet.agents.model import chat_model
+    from ratchet.server.weights import BASE_MODEL_NAME
+
+    actor = build_actor(chat_model(embedded_server, BASE_MODEL_NAME))
+    policy = Policy(model=BASE_MODEL_NAME, constraints=(CITY,))
+    for i, city in enumerate(CITIES):
+        task = SUITE.make_task("a", "test", city)
+        t = run_rollout(actor, SUITE, RolloutSlot("e", 0, task, i), policy, ActorSettings(max_steps=1))
+        assert t.status == "finished" and t.steps[0].tool_call is not None, t.error
+        written = t.steps[0].tool_call.args["city"]
+        read = spans([task.instruction, t.steps[0].observation])
+        assert written in read and t.steps[0].rules == [CITY.name]
