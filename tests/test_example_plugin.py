@@ -5,6 +5,7 @@ real embedded server; a changed plug-in version is refused on resume."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+def _ids(subset: str, split: str) -> list[str]:
+    """The example's item ids of a split, in the dataset's order (its `split_seeds`)."""
+    data = json.loads((EXAMPLE / "ratchet_desk" / "items.json").read_text())
+    return [i["id"] for i in data["subsets"][subset] if i["split"] == split]
+
+
 def _env(site: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(site)}
 
@@ -61,9 +68,11 @@ def test_suites_list_and_check_show_an_installed_plugin(site: Path, tmp_path: Pa
     assert listed.returncode == 0, listed.stderr
     rows = [ln for ln in listed.stdout.splitlines() if "│" in ln]
     desk = [ln for ln in rows if "single *" in ln or "multi *" in ln]
-    assert len(desk) == 2 and all(ln.split("│")[3].strip() == "6" for ln in desk)
+    assert len(desk) == 2 and all(
+        ln.split("│")[3].strip() == str(len(_ids("single", "train"))) for ln in desk
+    )
     assert any("peckingorder" in ln for ln in rows)  # every subset, not only the defaults
-    assert "desk: version 1, plug-in ratchet_desk.suite:DeskSuite" in listed.stdout
+    assert "desk: version 2, plug-in ratchet_desk.suite:DeskSuite" in listed.stdout
     checked = ratchet("suites", "check", "desk", cwd=tmp_path, env=_env(site))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "keeps all" in checked.stdout and "FAIL" not in checked.stdout
@@ -81,13 +90,9 @@ def test_the_example_plugin_runs_through_evaluate_and_resume_checks_its_version(
     store = open_store(tmp_path / "data" / "trajectories.db")
     try:
         rows = store.query(split="test")
-        assert sorted(t.task_id for t in rows) == [
-            "desk:multi:test:timezone-cairo",
-            "desk:multi:test:weather-lima",
-            "desk:single:test:timezone-nairobi",
-            "desk:single:test:weather-boston",
-        ]
-        assert all(t.status == "finished" and t.suite_version == "1" for t in rows), [t.error for t in rows]
+        first_two = [f"desk:{s}:test:{i}" for s in ("multi", "single") for i in _ids(s, "test")[:2]]
+        assert sorted(t.task_id for t in rows) == sorted(first_two)  # the split's fixed order
+        assert all(t.status == "finished" and t.suite_version == "2" for t in rows), [t.error for t in rows]
         assert all(t.steps for t in rows)
         # the suite's output budget reached the server: no reply is longer than 48 tokens
         assert max(s.completion_tokens for t in rows for s in t.steps) <= 48
@@ -98,9 +103,9 @@ def test_the_example_plugin_runs_through_evaluate_and_resume_checks_its_version(
     assert again.returncode == 0, again.stderr[-2000:]
 
     suite_py = site / "ratchet_desk" / "suite.py"
-    suite_py.write_text(suite_py.read_text().replace('declared_version = "1"', 'declared_version = "2"'))
+    suite_py.write_text(suite_py.read_text().replace('declared_version = "2"', 'declared_version = "3"'))
     refused = ratchet(*args, cwd=tmp_path, env=_env(site))
-    assert_one_line_error(refused, "was played on suite desk version 1", "version 2", "--evolution")
+    assert_one_line_error(refused, "was played on suite desk version 2", "version 3", "--evolution")
 
 
 @pytest.mark.integration
@@ -119,7 +124,8 @@ def test_a_reply_cut_off_by_the_output_budget_is_shown_back_on_the_real_engine(
     from ratchet_desk.suite import DeskSuite
 
     suite = DeskSuite()
-    task = suite.load("desk:single:test:weather-boston")
+    weather = next(i for i in _ids("single", "test") if i.startswith("weather-"))
+    task = suite.load(f"desk:single:test:{weather}")
     actor = build_actor(chat_model(embedded_server, BASE_MODEL_NAME))
     traj = run_rollout(
         actor,
