@@ -4,7 +4,8 @@ Per task family (suite:subset) of the train split:
 
 * procedures — mined action patterns of successful trajectories (agent and expert),
   written up by the `distiller`;
-* guardrails — one per failure cluster with at least `diagnose.min_cluster` members, with
+* guardrails — one per failure cluster with at least `diagnose.min_cluster` members from
+  `distill.min_tasks` distinct tasks, with
   what its failures share (`diagnosis/keys.py`: the tool, the arguments they got wrong):
   on single-call tasks, where no run of 2+ actions recurs to mine a procedure from, the
   guardrail (with the exemplars) is what a family's failures yield;
@@ -14,6 +15,8 @@ Per task family (suite:subset) of the train split:
   (`skills/rule_mining.py`, no model call): data the actor applies to the menu of valid
   actions, so they act even on a policy that ignores its prompt; a configured teacher may
   propose one more per family (`agents/rule_proposer.py`), under the same checks;
+* constraints — for tools without a menu, what every successful call had in common
+  (`skills/constraints.py`, no model call), written into the tool's schema when live;
 * exemplars — one set of the family's own solved train tasks, of every generation so far
   (`skills/exemplars.py`, no model call), shown nearest-first as demonstrations.
 
@@ -232,10 +235,18 @@ def procedures(ev: Evidence, family: str) -> list[Draft]:
 
 @source("guardrail")
 def guardrails(ev: Evidence, family: str) -> list[Draft]:
-    """One guardrail per failure cluster of the family with at least `diagnose.min_cluster` members."""
+    """One guardrail per failure cluster of the family with at least `diagnose.min_cluster`
+    members from at least `distill.min_tasks` distinct tasks: a cluster of one task's failures
+    yields advice about that task ("when you are about to call X with Y"), which no other
+    task can use and which the gate, on other tasks, would only reject."""
     found: list[Draft] = []
+    s = ev.settings
     for cid, members in sorted(ev.clusters.items()):
-        if family_of(members[0].task_id) == family and len(members) >= ev.settings.diagnose.min_cluster:
+        if (
+            family_of(members[0].task_id) == family
+            and len(members) >= s.diagnose.min_cluster
+            and len({d.task_id for d in members}) >= s.distill.min_tasks
+        ):
             key = cluster_key([ev.keys[d.trajectory_id] for d in members])
             job = GuardrailJob(family, members[0].mode, members, key=key)
             found.append(Job(f"guardrail {cid}", ev.distiller, {"job": job, "screen": ev.screen(family)}))

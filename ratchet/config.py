@@ -162,7 +162,12 @@ class DiagnoseSettings(Section):
 
 class DistillSettings(Section):
     teacher: bool = Field(default=True, description="let the teacher phrase skills and write function tools")
-    min_tasks: int = Field(default=2, ge=1, le=MANY, description="tasks an action pattern must recur in")
+    min_tasks: int = Field(
+        default=2,
+        ge=1,
+        le=MANY,
+        description="tasks an action pattern, or a guardrail's failure cluster, must span",
+    )
     patterns: int = Field(default=4, ge=1, le=1000, description="patterns per family shown to the distiller")
     tools: int = Field(default=2, ge=0, le=1000, description="macro tool candidates per family")
     rules: int = Field(

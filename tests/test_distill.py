@@ -393,3 +393,40 @@ def test_no_function_job_for_a_game_whose_last_move_is_its_only_tool() -> None:
         ),
     ]
     assert function_job("textworld-express:sorting", wins) is None
+
+
+def test_a_guardrail_needs_a_failure_cluster_that_spans_several_tasks(tmp_path: Path) -> None:
+    """Three failures of one task are advice about that task (which city, which tool), which
+    no other task can use: no guardrail; the same cluster over two tasks yields one."""
+    from ratchet.diagnosis.keys import FailureKey
+    from ratchet.flows.distill import Evidence, guardrails
+
+    family = "desk:single"
+
+    def diagnosis(i: int, task: int) -> Diagnosis:
+        return Diagnosis(
+            trajectory_id=f"f{i}",
+            evolution="e",
+            generation=0,
+            task_id=f"desk:single:train:{task}",
+            subset="single",
+            mode="wrong_answer",
+            cluster="c1",
+        )
+
+    def evidence(tasks: list[int]) -> Evidence:
+        members = [diagnosis(i, t) for i, t in enumerate(tasks)]
+        key = FailureKey("single", "wrong_answer", "get_weather", "", None, "wrong answer")
+        rt = _runtime(tmp_path, None)
+        rt.settings = load_settings({"data_dir": tmp_path, "evolution": "e", "diagnose.min_cluster": 3})
+        return Evidence(
+            rt,
+            0,
+            families={family: []},
+            clusters={"c1": members},
+            keys={d.trajectory_id: key for d in members},
+        )
+
+    assert guardrails(evidence([7, 7, 7]), family) == []
+    (job,) = guardrails(evidence([7, 7, 8]), family)
+    assert job.label == "guardrail c1"

@@ -68,7 +68,8 @@ def test_generation_flow_stores_tracks_and_resumes(embedded_server: str, tmp_pat
             "max_steps": 3,
             "concurrency": 2,
             "trace_sample_rate": 1.0 if traced else 0.0,
-            "diagnose.min_cluster": 1,  # every failure cluster yields a guardrail candidate
+            "diagnose.min_cluster": 1,  # every failure cluster yields a guardrail candidate,
+            "distill.min_tasks": 1,  # though all its failures are of the one train task
         }
     )
     result = run_flow(generation_flow, settings, generation=0, base_url=embedded_server)
