@@ -110,8 +110,10 @@ def constrain_args(
                 kind = prop.get("type")
                 if rule.from_context and kind == "string":
                     found_spans = spans(context) if found_spans is None else found_spans
-                    if 0 < len(found_spans) <= ENUM_MAX:
-                        new["enum"] = found_spans
+                    lo, hi = prop.get("minLength", 0), prop.get("maxLength", 1 << 30)
+                    fits = [v for v in found_spans if lo <= len(v) <= hi]  # the schema's own bounds hold
+                    if 0 < len(fits) <= ENUM_MAX:
+                        new["enum"] = fits
                 elif rule.from_context and kind in ("number", "integer"):
                     found_numbers = numbers(context) if found_numbers is None else found_numbers
                     whole = kind == "integer" or rule.integer

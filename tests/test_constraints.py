@@ -231,3 +231,12 @@ def test_the_embedded_model_only_ever_writes_a_city_it_read(embedded_server: str
         written = t.steps[0].tool_call.args["city"]
         read = spans([task.instruction, t.steps[0].observation])
         assert written in read and t.steps[0].rules == [CITY.name]
+
+
+def test_values_outside_the_schemas_own_length_bounds_are_not_offered():
+    short = WEATHER.model_copy(
+        update={"parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 4}}}}
+    )
+    tools, _ = constrain_args([short], [CITY], ["weather in Oslo or New York"])
+    enum = tools[0].parameters["properties"]["city"]["enum"]
+    assert "Oslo" in enum and "New York" not in enum and all(len(v) <= 4 for v in enum)
