@@ -31,7 +31,8 @@ from typing import Any
 
 from ratchet.skills.format import Skill
 from ratchet.skills.rule_mining import is_train, rule_name
-from ratchet.types import ArgConstraint, ConstraintSpec, Step, ToolSpec, Trajectory, family_of
+from ratchet.skills.rules import WILDCARD
+from ratchet.types import ArgConstraint, ConstraintSpec, ToolSpec, Trajectory, family_of
 
 SPAN_WORDS = 4  # the longest span of words a from-context string may be
 ENUM_MAX = 400  # more candidate values than this, and the argument is not narrowed
@@ -140,9 +141,17 @@ def constrain_args(
 # ------------------------------------------------------------------------------- mining
 
 
-def _free_tools(step: Step) -> set[str]:
-    """Tools this step offered without a menu (`tool: *` entries, `skills/rules.py:menu_entries`)."""
-    return {e[: -len(": *")] for e in step.menu or () if e.endswith(": *")}
+def free_tools(trajectories: Sequence[Trajectory]) -> set[str]:
+    """Tools the steps of `trajectories` offered without a menu (a `tool: *` entry,
+    `skills/rules.py:menu_entries`) and never with one (a tool with an enumerated argument
+    is the rules'). Steps that did not record their menu (an expert's) say nothing."""
+    free: set[str] = set()
+    enumerated: set[str] = set()
+    for s in (s for t in trajectories for s in t.steps if s.menu):
+        for e in s.menu or ():
+            tool, sep, value = e.partition(": ")
+            (free if value == WILDCARD else enumerated).add(tool if sep else e)
+    return free - enumerated
 
 
 @dataclass(frozen=True)
@@ -152,27 +161,28 @@ class MinedConstraint:
 
 
 def mine_constraints(family: str, trajectories: Sequence[Trajectory]) -> list[MinedConstraint]:
-    """One constraint per free tool the family's own train successes called, from at least
-    `MIN_TASKS` distinct tasks, holding what every successful call of it had in common
-    (module docstring). Anything else in `trajectories` (failures, experts, other splits and
-    families) is not read."""
-    wins = [
+    """One constraint per free tool (`free_tools`) the family's train successes called, from
+    at least `MIN_TASKS` distinct tasks, holding what every successful call of it had in
+    common (module docstring). The suite's reference solutions (`kind == "expert"`) count: a
+    constraint says what shape an argument has, which a reference call shows as well as the
+    policy's own, and on a tool the policy almost never calls right (a currency conversion
+    whose source it always guesses) they are all the evidence there is; the gate still
+    decides on the policy's own dev rollouts. Failures, other splits and other families are
+    not read."""
+    own = [
         t
         for t in trajectories
-        if t.success
-        and t.status == "finished"
-        and t.kind == "agent"
-        and t.split == "train"
-        and is_train(t.task_id)
-        and family_of(t.task_id) == family
+        if t.split == "train" and is_train(t.task_id) and family_of(t.task_id) == family
     ]
+    wins = [t for t in own if t.success and t.status == "finished"]
+    free = free_tools(own)
     calls: dict[str, list[tuple[str, dict[str, Any], list[str]]]] = defaultdict(list)
     ids: dict[str, set[str]] = defaultdict(set)
     for t in wins:
         seen = [t.instruction]
         for s in t.steps:
             seen.append(s.observation)  # what it acted on (the previous result, or the first view)
-            if s.tool_call is not None and s.error is None and s.tool_call.name in _free_tools(s):
+            if s.tool_call is not None and s.error is None and s.tool_call.name in free:
                 calls[s.tool_call.name].append((t.task_id, s.tool_call.args, list(seen)))
                 ids[s.tool_call.name].add(t.id)
     out = []

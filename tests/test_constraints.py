@@ -165,20 +165,24 @@ def test_mined_from_own_train_successes_across_tasks_only():
     assert spec.args["city"] == ArgConstraint(from_context=True, max_length=16)
     assert spec.args["days"] == ArgConstraint(from_context=True, integer=True)
     assert set(mined.trajectory_ids) == {t.id for t in wins}
-    # one task is not a pattern; failures, experts, dev tasks and other families are not evidence
+    # one task is not a pattern; failures, dev tasks and other families are not evidence
     noise = [
         _won("desk-test:a:train:Lima", "Paris", success=False),
-        _won("desk-test:a:train:Lima", "Lima", kind="expert"),
         _won("desk-test:a:dev:Lima", "Lima"),
         _won("desk-test:b:train:Lima", "Lima"),
     ]
     assert mine_constraints("desk-test:a", [wins[0], *noise]) == []
+    # a reference solution is: it shows the argument's shape (its steps record no menu)
+    expert = _won("desk-test:a:train:Lima", "Lima", kind="expert")
+    expert.steps[0].menu = None
+    (both,) = mine_constraints("desk-test:a", [wins[0], expert])
+    assert both.spec.args["city"].from_context and expert.id in both.trajectory_ids
     # a value the agent never read is not from context
     (guess,) = mine_constraints("desk-test:a", [*wins, _won("desk-test:a:train:Lima", "Peru")])
     assert guess.spec.args["city"].from_context is False
-    # an enumerated tool (a menu) is the rules' business
+    # an enumerated tool (a menu) is the rules' business, wherever a step listed its values
     menu = ["get_weather: oslo", "get_weather: lima"]
-    assert mine_constraints("desk-test:a", [_won(t.task_id, "Oslo", menu=menu) for t in wins]) == []
+    assert mine_constraints("desk-test:a", [*wins, _won("desk-test:a:train:Oslo", "Oslo", menu=menu)]) == []
 
 
 def test_a_constraint_skill_round_trips_and_an_edit_is_refused(tmp_path: Path):
