@@ -254,18 +254,25 @@ class ArgConstraint(BaseModel):
         "seen so far, a number one of their numbers",
     )
     max_length: int | None = Field(default=None, ge=1, description="a string's longest (the grammar ends it)")
+    min_length: int | None = Field(default=None, ge=1, description="a from-context string's shortest")
+    shape: Literal["upper", "title"] | None = Field(
+        default=None,
+        description="a from-context string's letters: upper (EUR), title (each word capitalized: New York)",
+    )
     integer: bool = Field(default=False, description="a number is whole")
 
 
 class ConstraintSpec(BaseModel):
-    """Argument constraints on one tool: data ratchet writes into the tool's JSON schema
-    before the model calls it, so constrained decoding can only produce arguments that fit."""
+    """Argument constraints on a family's tools: data ratchet writes into each tool's JSON
+    schema before the model calls it, so constrained decoding can only produce arguments
+    that fit."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
-    tool: str = Field(min_length=1, description="the tool whose arguments it constrains")
-    args: dict[str, ArgConstraint] = Field(min_length=1, description="per argument name")
+    tools: dict[str, dict[str, ArgConstraint]] = Field(
+        min_length=1, description="tool name -> argument name -> what the argument may be"
+    )
 
 
 class Policy(BaseModel):

@@ -2,15 +2,18 @@
 
 A rule acts on a menu of valid actions; a tool with free arguments (`get_weather(city)`, an
 answer to write) has none, and a small model fills such arguments with whatever its
-sampling makes: a city the user never named, a runaway string. A constraint
-(`ratchet.types.ConstraintSpec`) is data mined from the policy's own successful calls and
-written into the tool's JSON schema before each model call, so constrained decoding can
-only produce arguments of the shape that succeeded:
+sampling makes: a city the user never named, a currency it always guesses, a runaway
+string. A constraint (`ratchet.types.ConstraintSpec`, one per family, covering each tool
+its successes called) is data mined from successful train calls and written into the
+tools' JSON schemas before each model call, so constrained decoding can only produce
+arguments of the shape that succeeded:
 
 * `from_context`: every successful value was words the agent had read (the task, or a result
   seen earlier in the episode). The argument becomes an `enum` of the spans (1 to
-  `SPAN_WORDS` words) of what it has read so far; a number argument, of its numbers. Where
-  there would be more than `ENUM_MAX` values the argument is left as it was.
+  `SPAN_WORDS` words) of what it has read so far, kept to the successes' `shape` (all
+  capitals: `EUR`; each word capitalized: `New York`) and `min_length`; a number argument,
+  an `enum` of its numbers. Where there would be more than `ENUM_MAX` values the argument
+  is left as it was.
 * `max_length`: a string ends at twice the longest successful value (the grammar enforces
   `maxLength`), when that is shorter than the schema's own bound.
 * `integer`: a number whose successful values were all whole becomes `"type": "integer"`.
@@ -82,60 +85,88 @@ def _in_context(value: Any, texts: Sequence[str]) -> bool:
 
 # ------------------------------------------------------------------------------ applying
 
+_SHAPES = {
+    "upper": re.compile(r"[A-Z]+"),
+    "title": re.compile(r"[A-Z][^\s\d]*(?: [A-Z][^\s\d]*)*"),
+}
+
+
+def shape_of(values: Sequence[str]) -> str | None:
+    """The narrowest shape every value has (`ArgConstraint.shape`), or None."""
+    for name, rx in _SHAPES.items():
+        if values and all(rx.fullmatch(v.strip()) for v in values):
+            return name
+    return None
+
+
+def _narrow(prop: dict[str, Any], rule: ArgConstraint, found: _Read) -> dict[str, Any]:
+    """One argument's schema `prop` under `rule` (a copy; `prop` itself is not changed)."""
+    new = dict(prop)
+    kind = prop.get("type")
+    if rule.from_context and kind == "string":
+        lo = max(prop.get("minLength", 0), rule.min_length or 0)
+        hi = prop.get("maxLength", 1 << 30)
+        shape = _SHAPES.get(rule.shape or "")
+        fits = [  # the schema's own bounds hold, and the shape successes had
+            v for v in found.spans() if lo <= len(v) <= hi and (shape is None or shape.fullmatch(v))
+        ]
+        if 0 < len(fits) <= ENUM_MAX:
+            new["enum"] = fits
+    elif rule.from_context and kind in ("number", "integer"):
+        whole = kind == "integer" or rule.integer
+        values = [n for n in found.numbers() if not whole or isinstance(n, int)]
+        if 0 < len(values) <= ENUM_MAX:
+            new["enum"] = values
+    if rule.max_length and kind == "string" and rule.max_length < prop.get("maxLength", 1 << 30):
+        new["maxLength"] = rule.max_length
+    if rule.integer and kind == "number":
+        new["type"] = "integer"
+    return new
+
+
+class _Read:
+    """What the agent has read, split into spans and numbers once, when first asked."""
+
+    def __init__(self, context: Sequence[str]) -> None:
+        self.context = context
+        self._spans: list[str] | None = None
+        self._numbers: list[float | int] | None = None
+
+    def spans(self) -> list[str]:
+        self._spans = spans(self.context) if self._spans is None else self._spans
+        return self._spans
+
+    def numbers(self) -> list[float | int]:
+        self._numbers = numbers(self.context) if self._numbers is None else self._numbers
+        return self._numbers
+
 
 def constrain_args(
     tools: Sequence[ToolSpec], constraints: Sequence[ConstraintSpec], context: Sequence[str]
 ) -> tuple[list[ToolSpec], list[str]]:
-    """`tools` with each constraint written into its tool's parameters, and the names of the
-    constraints that changed one. `context` is what the agent has read: the task, then the
-    observations so far."""
+    """`tools` with each constraint written into the parameters of the tools it names, and
+    the names of the constraints that changed one. `context` is what the agent has read: the
+    task, then the observations so far. An argument with an `enum` already is left alone."""
     if not constraints:
         return list(tools), []
-    by_tool: dict[str, list[ConstraintSpec]] = defaultdict(list)
-    for c in sorted(constraints, key=lambda c: c.name):
-        by_tool[c.tool].append(c)
-    found_spans: list[str] | None = None
-    found_numbers: list[float | int] | None = None
+    found = _Read(context)
     out: list[ToolSpec] = []
-    fired: list[str] = []
+    fired: dict[str, None] = {}
     for tool in tools:
         props = dict(tool.parameters.get("properties") or {})
         changed = False
-        for c in by_tool.get(tool.name, ()):
-            acted = False
-            for arg, rule in c.args.items():
+        for c in sorted(constraints, key=lambda c: c.name):
+            for arg, rule in c.tools.get(tool.name, {}).items():
                 prop = props.get(arg)
                 if not isinstance(prop, dict) or "enum" in prop:
                     continue
-                new = dict(prop)
-                kind = prop.get("type")
-                if rule.from_context and kind == "string":
-                    found_spans = spans(context) if found_spans is None else found_spans
-                    lo, hi = prop.get("minLength", 0), prop.get("maxLength", 1 << 30)
-                    fits = [v for v in found_spans if lo <= len(v) <= hi]  # the schema's own bounds hold
-                    if 0 < len(fits) <= ENUM_MAX:
-                        new["enum"] = fits
-                elif rule.from_context and kind in ("number", "integer"):
-                    found_numbers = numbers(context) if found_numbers is None else found_numbers
-                    whole = kind == "integer" or rule.integer
-                    values = [n for n in found_numbers if not whole or isinstance(n, int)]
-                    if 0 < len(values) <= ENUM_MAX:
-                        new["enum"] = values
-                if rule.max_length and kind == "string" and rule.max_length < prop.get("maxLength", 1 << 30):
-                    new["maxLength"] = rule.max_length
-                if rule.integer and kind == "number":
-                    new["type"] = "integer"
+                new = _narrow(prop, rule, found)
                 if new != prop:
-                    props[arg], acted = new, True
-            if acted:
-                fired.append(c.name)
-                changed = True
-        out.append(
-            tool.model_copy(update={"parameters": tool.parameters | {"properties": props}})
-            if changed
-            else tool
-        )
-    return out, fired
+                    props[arg], changed = new, True
+                    fired[c.name] = None
+        params = tool.parameters | {"properties": props}
+        out.append(tool.model_copy(update={"parameters": params}) if changed else tool)
+    return out, list(fired)
 
 
 # ------------------------------------------------------------------------------- mining
@@ -161,14 +192,17 @@ class MinedConstraint:
 
 
 def mine_constraints(family: str, trajectories: Sequence[Trajectory]) -> list[MinedConstraint]:
-    """One constraint per free tool (`free_tools`) the family's train successes called, from
-    at least `MIN_TASKS` distinct tasks, holding what every successful call of it had in
-    common (module docstring). The suite's reference solutions (`kind == "expert"`) count: a
-    constraint says what shape an argument has, which a reference call shows as well as the
-    policy's own, and on a tool the policy almost never calls right (a currency conversion
-    whose source it always guesses) they are all the evidence there is; the gate still
-    decides on the policy's own dev rollouts. Failures, other splits and other families are
-    not read."""
+    """The family's constraint (none, or one covering every free tool, `free_tools`, that
+    its train successes called from at least `MIN_TASKS` distinct tasks), holding what every
+    successful call of a tool had in common (module docstring). One candidate per family,
+    not one per tool: each tool is called on a part of the family's tasks only, and the gate
+    judges a candidate on all of them.
+
+    The suite's reference solutions (`kind == "expert"`) count: a constraint says what
+    shape an argument has, which a reference call shows as well as the policy's own, and on
+    a tool the policy almost never calls right (a currency conversion whose source it always
+    guesses) they are all the evidence there is; the gate still decides on the policy's own
+    dev rollouts. Failures, other splits and other families are not read."""
     own = [
         t
         for t in trajectories
@@ -185,43 +219,52 @@ def mine_constraints(family: str, trajectories: Sequence[Trajectory]) -> list[Mi
             if s.tool_call is not None and s.error is None and s.tool_call.name in free:
                 calls[s.tool_call.name].append((t.task_id, s.tool_call.args, list(seen)))
                 ids[s.tool_call.name].add(t.id)
-    out = []
+    tools: dict[str, dict[str, ArgConstraint]] = {}
     for tool, made in sorted(calls.items()):
         if len({task for task, _, _ in made}) < MIN_TASKS:
             continue
-        names = set.intersection(*(set(args) for _, args, _ in made))
-        args: dict[str, ArgConstraint] = {}
-        for arg in sorted(names):
-            values = [a[arg] for _, a, _ in made]
-            from_context = all(_in_context(a[arg], ctx) for _, a, ctx in made)
-            strings = all(isinstance(v, str) for v in values)
-            longest = max((len(v) for v in values), default=0) if strings else 0
-            whole = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-            rule = ArgConstraint(
-                from_context=from_context,
-                max_length=max(2 * longest, 8) if strings else None,
-                integer=whole,
-            )
-            if rule.from_context or rule.integer or rule.max_length:
-                args[arg] = rule
+        args = {
+            arg: rule
+            for arg in sorted(set.intersection(*(set(a) for _, a, _ in made)))
+            if (rule := _mine_arg([(a[arg], ctx) for _, a, ctx in made])) is not None
+        }
         if args:
-            name = rule_name(family, "args", tool)
-            spec = ConstraintSpec(name=name, tool=tool, args=args)
-            out.append(MinedConstraint(spec, tuple(sorted(ids[tool]))))
-    return out
+            tools[tool] = args
+    if not tools:
+        return []
+    spec = ConstraintSpec(name=rule_name(family, "args"), tools=tools)
+    return [MinedConstraint(spec, tuple(sorted(i for tool in tools for i in ids[tool])))]
+
+
+def _mine_arg(calls: Sequence[tuple[Any, list[str]]]) -> ArgConstraint | None:
+    """What every successful value of one argument had in common (each with what the agent
+    had read when it wrote it), or None when nothing."""
+    values = [v for v, _ in calls]
+    from_context = all(_in_context(v, ctx) for v, ctx in calls)
+    if all(isinstance(v, str) for v in values):
+        lengths = [len(v.strip()) for v in values]
+        return ArgConstraint(
+            from_context=from_context,
+            max_length=max(2 * max(lengths), 8),
+            min_length=max(min(lengths), 1) if from_context else None,
+            shape=shape_of(values) if from_context else None,
+        )
+    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    return ArgConstraint(from_context=from_context, integer=whole) if from_context or whole else None
 
 
 def constraint_skill(family: str, mined: MinedConstraint, evolution: str, generation: int) -> Skill:
     """A mined constraint as a skill of kind `constraint`: its data in scripts/constraint.json."""
     spec = mined.spec
     body = (
-        f"Argument constraints on `{spec.tool}`: ratchet writes them into the tool's schema before "
-        "each model call, so constrained decoding can only produce arguments of the shape every "
-        f"successful call had (its data is scripts/constraint.json).\n\n{describe(spec)}"
+        "Argument constraints: ratchet writes them into each tool's schema before each model "
+        "call, so constrained decoding can only produce arguments of the shape every successful "
+        f"call had (its data is scripts/constraint.json).\n\n{describe(spec)}"
     )
+    calls = ", ".join(f"{tool}({', '.join(args)})" for tool, args in spec.tools.items())
     return Skill(
         name=spec.name,
-        description=f"argument constraints for {family}: {spec.tool}({', '.join(spec.args)})",
+        description=f"argument constraints for {family}: {calls}",
         body=body,
         kind="constraint",
         family=family,
@@ -235,13 +278,18 @@ def constraint_skill(family: str, mined: MinedConstraint, evolution: str, genera
 def describe(spec: ConstraintSpec) -> str:
     """One line per argument, for a person (the skill's body)."""
     lines = []
-    for arg, rule in spec.args.items():
-        parts = []
-        if rule.from_context:
-            parts.append("copied from the task or a result already seen")
-        if rule.integer:
-            parts.append("a whole number")
-        if rule.max_length:
-            parts.append(f"at most {rule.max_length} characters")
-        lines.append(f"- `{arg}`: {', '.join(parts)}")
+    for tool, args in spec.tools.items():
+        for arg, rule in args.items():
+            parts = []
+            if rule.from_context:
+                parts.append("copied from the task or a result already seen")
+            if rule.shape:
+                parts.append({"upper": "in capitals", "title": "each word capitalized"}[rule.shape])
+            if rule.min_length:
+                parts.append(f"at least {rule.min_length} characters")
+            if rule.integer:
+                parts.append("a whole number")
+            if rule.max_length:
+                parts.append(f"at most {rule.max_length} characters")
+            lines.append(f"- `{tool}.{arg}`: {', '.join(parts)}")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from ratchet.skills.constraints import (
     constraint_skill,
     mine_constraints,
     numbers,
+    shape_of,
     spans,
 )
 from ratchet.skills.format import load, write_files
@@ -72,9 +73,7 @@ class DeskSuite(Suite):
 
 
 SUITE = DeskSuite()
-CITY = ConstraintSpec(
-    name="c-args-get-weather", tool="get_weather", args={"city": ArgConstraint(from_context=True)}
-)
+CITY = ConstraintSpec(name="c-args", tools={"get_weather": {"city": ArgConstraint(from_context=True)}})
 
 
 def _won(
@@ -128,8 +127,12 @@ def test_a_from_context_string_becomes_an_enum_of_what_was_read_and_the_firing_i
 def test_numbers_lengths_and_whole_numbers_and_what_is_left_alone():
     spec = ConstraintSpec(
         name="n",
-        tool="get_weather",
-        args={"days": ArgConstraint(from_context=True, integer=True), "city": ArgConstraint(max_length=12)},
+        tools={
+            "get_weather": {
+                "days": ArgConstraint(from_context=True, integer=True),
+                "city": ArgConstraint(max_length=12),
+            }
+        },
     )
     tools, fired = constrain_args([WEATHER], [spec], ["weather for 3 days, or 2.5"])
     props = tools[0].parameters["properties"]
@@ -137,8 +140,8 @@ def test_numbers_lengths_and_whole_numbers_and_what_is_left_alone():
     assert props["city"] == {"type": "string", "maxLength": 12}
     assert fired == ["n"]
     # a bound looser than the schema's own is not written; another tool's constraint does nothing
-    loose = ConstraintSpec(name="l", tool="get_weather", args={"city": ArgConstraint(max_length=99)})
-    other = ConstraintSpec(name="o", tool="get_time", args={"city": ArgConstraint(from_context=True)})
+    loose = ConstraintSpec(name="l", tools={"get_weather": {"city": ArgConstraint(max_length=99)}})
+    other = ConstraintSpec(name="o", tools={"get_time": {"city": ArgConstraint(from_context=True)}})
     assert constrain_args([WEATHER], [loose, other], ["Oslo"]) == ([WEATHER], [])
     # an enumerated argument is the menu's, the rules' to narrow
     menu = WEATHER.model_copy(
@@ -161,9 +164,9 @@ def test_mined_from_own_train_successes_across_tasks_only():
     wins = [_won("desk-test:a:train:Oslo", "Oslo"), _won("desk-test:a:train:New York", "new york")]
     (mined,) = mine_constraints("desk-test:a", wins)
     spec = mined.spec
-    assert spec.tool == "get_weather" and spec.name == "a-args-get-weather"
-    assert spec.args["city"] == ArgConstraint(from_context=True, max_length=16)
-    assert spec.args["days"] == ArgConstraint(from_context=True, integer=True)
+    assert list(spec.tools) == ["get_weather"] and spec.name == "a-args"
+    city = ArgConstraint(from_context=True, max_length=16, min_length=4, shape=None)  # "new york": no shape
+    assert spec.tools["get_weather"] == {"city": city, "days": ArgConstraint(from_context=True, integer=True)}
     assert set(mined.trajectory_ids) == {t.id for t in wins}
     # one task is not a pattern; failures, dev tasks and other families are not evidence
     noise = [
@@ -176,10 +179,10 @@ def test_mined_from_own_train_successes_across_tasks_only():
     expert = _won("desk-test:a:train:Lima", "Lima", kind="expert")
     expert.steps[0].menu = None
     (both,) = mine_constraints("desk-test:a", [wins[0], expert])
-    assert both.spec.args["city"].from_context and expert.id in both.trajectory_ids
+    assert both.spec.tools["get_weather"]["city"].shape == "title" and expert.id in both.trajectory_ids
     # a value the agent never read is not from context
     (guess,) = mine_constraints("desk-test:a", [*wins, _won("desk-test:a:train:Lima", "Peru")])
-    assert guess.spec.args["city"].from_context is False
+    assert guess.spec.tools["get_weather"]["city"] == ArgConstraint(max_length=16)
     # an enumerated tool (a menu) is the rules' business, wherever a step listed its values
     menu = ["get_weather: oslo", "get_weather: lima"]
     assert mine_constraints("desk-test:a", [*wins, _won("desk-test:a:train:Oslo", "Oslo", menu=menu)]) == []
@@ -193,7 +196,7 @@ def test_a_constraint_skill_round_trips_and_an_edit_is_refused(tmp_path: Path):
     assert back == skill and back.constraint_spec().name == skill.name
     path = tmp_path / skill.name / "scripts" / "constraint.json"
     data = json.loads(path.read_text())
-    data["args"]["city"]["from_context"] = False
+    data["tools"]["get_weather"]["city"]["from_context"] = False
     path.write_text(json.dumps(data))
     with pytest.raises(SkillFileError, match="changed after it was written"):
         load(tmp_path / skill.name)
@@ -244,3 +247,23 @@ def test_values_outside_the_schemas_own_length_bounds_are_not_offered():
     tools, _ = constrain_args([short], [CITY], ["weather in Oslo or New York"])
     enum = tools[0].parameters["properties"]["city"]["enum"]
     assert "Oslo" in enum and "New York" not in enum and all(len(v) <= 4 for v in enum)
+
+
+def test_shapes_and_lengths_of_successes_narrow_a_from_context_enum():
+    assert shape_of(["EUR", "USD"]) == "upper" and shape_of(["Oslo", "New York"]) == "title"
+    assert shape_of(["Oslo", "new york"]) is None and shape_of(["R2D2"]) is None
+    code = ArgConstraint(from_context=True, min_length=3, shape="upper")
+    city = ArgConstraint(from_context=True, min_length=4, shape="title")
+    money = ToolSpec(
+        name="convert",
+        description="",
+        parameters={
+            "type": "object",
+            "properties": {"source": {"type": "string"}, "city": {"type": "string"}},
+        },
+    )
+    spec = ConstraintSpec(name="m", tools={"convert": {"source": code, "city": city}})
+    tools, _ = constrain_args([money], [spec], ["I have 150 EUR: how many JPY is that in New York?"])
+    props = tools[0].parameters["properties"]
+    assert props["source"]["enum"] == ["EUR", "JPY"]  # not "I", not "150", not "how"
+    assert props["city"]["enum"] == ["New York", "York"]  # capitalized words, 4 characters or more
