@@ -116,6 +116,9 @@ def skills_show(name: str) -> None:
         if skill.rule is not None:
             console.print("[bold]scripts/rule.json[/] (applied to the menu of valid actions)")
             console.print(escape(skill.rule.model_dump_json(indent=2)), highlight=False)
+        if skill.constraint is not None:
+            console.print("[bold]scripts/constraint.json[/] (written into the tools' schemas)")
+            console.print(escape(skill.constraint.model_dump_json(indent=2)), highlight=False)
         for i, d in enumerate(skill.exemplars or (), 1):
             console.print(f"[bold]solved task {i}[/] ({d.trajectory}): {escape(d.task)}", soft_wrap=True)
             console.print(f"  {escape(' → '.join(d.actions))}", highlight=False, soft_wrap=True)
