@@ -25,7 +25,8 @@ from ratchet.skills.constraints import (
 )
 from ratchet.skills.format import load, write_files
 from ratchet.suites.base import ActionError, Episode, StepResult, Suite
-from ratchet.types import ArgConstraint, ConstraintSpec, Policy, Step, Task, ToolCall, ToolSpec, Trajectory
+from ratchet.types import ArgConstraint, ConstraintSpec, Policy, Task, ToolCall, ToolSpec
+from tests.factories import traj
 
 CITIES = {"Oslo": "rain, 4 C", "Lima": "sunny, 22 C", "New York": "snow, -2 C", "Cape Town": "windy, 18 C"}
 WEATHER = ToolSpec(
@@ -79,31 +80,22 @@ CITY = ConstraintSpec(name="c-args", tools={"get_weather": {"city": ArgConstrain
 def _won(
     task_id: str, city: str, *, success: bool = True, kind: str = "agent", menu: list[str] | None = None
 ):  # type: ignore[no-untyped-def]
-    subset, split = task_id.split(":")[1:3]
-    return Trajectory(
-        id=f"t-{task_id}-{city}-{success}-{kind}",
-        evolution="e",
-        generation=1,
-        task_id=task_id,
-        suite="desk-test",
-        subset=subset,
-        split=split,  # type: ignore[arg-type]
-        rollout=0,
-        seed=0,
-        policy_version="p",
-        kind=kind,  # type: ignore[arg-type]
-        instruction="Call the right tool.",
-        steps=[
-            Step(
-                index=0,
-                observation=f"User: what is the weather in {task_id.rsplit(':', 1)[-1]} over 3 days?",
-                tool_call=ToolCall(name="get_weather", args={"city": city, "days": 3}),
-                tool_result="rain",
-                menu=["get_weather: *"] if menu is None else menu,
-            )
-        ],
+    """One call of get_weather(city, days=3) on the task of that city, its menu recorded."""
+    seen = f"User: what is the weather in {task_id.rsplit(':', 1)[-1]} over 3 days?"
+    t = traj(
+        [city],
         success=success,
+        task=task_id,
+        tid=f"t-{task_id}-{city}-{success}-{kind}",
+        observations=[seen],
+        tool="get_weather",
+        arg="city",
+        instruction="Call the right tool.",
+        kind=kind,
     )
+    t.steps[0].tool_call.args["days"] = 3  # type: ignore[union-attr]
+    t.steps[0].menu = ["get_weather: *"] if menu is None else menu
+    return t
 
 
 # ----------------------------------------------------------------------------- applying
