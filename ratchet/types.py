@@ -254,7 +254,11 @@ class ArgConstraint(BaseModel):
         "seen so far, a number one of their numbers",
     )
     max_length: int | None = Field(default=None, ge=1, description="a string's longest (the grammar ends it)")
-    min_length: int | None = Field(default=None, ge=1, description="a from-context string's shortest")
+    min_length: int | None = Field(
+        default=None,
+        ge=1,
+        description="a from-context string's shortest (mined only from a fixed length: a code)",
+    )
     shape: Literal["upper", "title"] | None = Field(
         default=None,
         description="a from-context string's letters: upper (EUR), title (each word capitalized: New York)",

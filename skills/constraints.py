@@ -10,8 +10,9 @@ arguments of the shape that succeeded:
 
 * `from_context`: every successful value was words the agent had read (the task, or a result
   seen earlier in the episode). The argument becomes an `enum` of the spans (1 to
-  `SPAN_WORDS` words) of what it has read so far, kept to the successes' `shape` (all
-  capitals: `EUR`; each word capitalized: `New York`) and `min_length`; a number argument,
+  `SPAN_WORDS` words) of what it has read so far, kept to the `shape` the copied words had
+  in the text (all capitals: `EUR`; each word capitalized: `New York`) and to their length
+  where every success had the same one (a code); a number argument,
   an `enum` of its numbers. Where there would be more than `ENUM_MAX` values the argument
   is left as it was.
 * `max_length`: a string ends at twice the longest successful value (the grammar enforces
@@ -77,10 +78,17 @@ def _in_context(value: Any, texts: Sequence[str]) -> bool:
         return False
     if isinstance(value, int | float):
         return any(abs(value - n) < 1e-9 for n in numbers(texts))
-    if isinstance(value, str) and value.strip():
-        want = " ".join(_words(value)).lower()
-        return bool(want) and want == value.strip().lower() and want in {s.lower() for s in spans(texts)}
-    return False
+    return _as_read(value, texts) is not None
+
+
+def _as_read(value: Any, texts: Sequence[str]) -> str | None:
+    """The span of `texts` a string value copied (compared without case), as written there."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    want = " ".join(_words(value)).lower()
+    if not want or want != value.strip().lower():
+        return None
+    return next((s for s in spans(texts) if s.lower() == want), None)
 
 
 # ------------------------------------------------------------------------------ applying
@@ -242,12 +250,17 @@ def _mine_arg(calls: Sequence[tuple[Any, list[str]]]) -> ArgConstraint | None:
     values = [v for v, _ in calls]
     from_context = all(_in_context(v, ctx) for v, ctx in calls)
     if all(isinstance(v, str) for v in values):
-        lengths = [len(v.strip()) for v in values]
+        lengths = {len(v.strip()) for v in values}
+        # the shape of what was copied, as the text wrote it: a success may have lowercased
+        # "Paris" (the suite compared without case), the enum offers the text's spelling
+        read = [_as_read(v, ctx) or v for v, ctx in calls] if from_context else []
         return ArgConstraint(
             from_context=from_context,
             max_length=max(2 * max(lengths), 8),
-            min_length=max(min(lengths), 1) if from_context else None,
-            shape=shape_of(values) if from_context else None,
+            # only a fixed length (a code: EUR, USD) is a format; the shortest of some cities
+            # is not a bound, and would take "Rome" off a menu built from "Lima" and "Oslo"
+            min_length=lengths.pop() if from_context and len(lengths) == 1 else None,
+            shape=shape_of(read) if from_context else None,
         )
     whole = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
     return ArgConstraint(from_context=from_context, integer=whole) if from_context or whole else None

@@ -157,7 +157,8 @@ def test_mined_from_own_train_successes_across_tasks_only():
     (mined,) = mine_constraints("desk-test:a", wins)
     spec = mined.spec
     assert list(spec.tools) == ["get_weather"] and spec.name == "a-args"
-    city = ArgConstraint(from_context=True, max_length=16, min_length=4, shape=None)  # "new york": no shape
+    # "new york" was copied from "New York": the shape is the text's; lengths differ: no minimum
+    city = ArgConstraint(from_context=True, max_length=16, shape="title")
     assert spec.tools["get_weather"] == {"city": city, "days": ArgConstraint(from_context=True, integer=True)}
     assert set(mined.trajectory_ids) == {t.id for t in wins}
     # one task is not a pattern; failures, dev tasks and other families are not evidence
@@ -167,6 +168,14 @@ def test_mined_from_own_train_successes_across_tasks_only():
         _won("desk-test:b:train:Lima", "Lima"),
     ]
     assert mine_constraints("desk-test:a", [wins[0], *noise]) == []
+    # one length for every success is a format (a code), kept as the shortest a value may be
+    codes = [_won("desk-test:a:train:Oslo", "OSL"), _won("desk-test:a:train:Lima", "LIM")]
+    for t in codes:
+        t.steps[0].observation = t.steps[0].observation + " (codes OSL, LIM)"
+    (fixed,) = mine_constraints("desk-test:a", codes)
+    assert fixed.spec.tools["get_weather"]["city"] == ArgConstraint(
+        from_context=True, max_length=8, min_length=3, shape="upper"
+    )
     # a reference solution is: it shows the argument's shape (its steps record no menu)
     expert = _won("desk-test:a:train:Lima", "Lima", kind="expert")
     expert.steps[0].menu = None
