@@ -134,7 +134,8 @@ def champion_record(rt: LoopRuntime, champion: Policy, generation: int) -> dict[
 
 def dev_split(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, list[Task]]:
     """Each family's dev tasks for gates against `champion`: the first `splits.dev`, more
-    where the champion is known to fail few of them (`verify.min_failures`; grown_budget)."""
+    where the champion is known to fail few of them (`verify.min_failures`; grown_budget), as
+    many as the suite's dev split holds at most."""
     s = rt.settings
     dev: dict[str, list[Task]] = defaultdict(list)
     for task in rt.suite.tasks("dev", s.splits.dev):
@@ -146,9 +147,11 @@ def dev_split(rt: LoopRuntime, champion: Policy, generation: int) -> dict[str, l
     for task_id, won in champion_record(rt, champion, generation).items():
         known[family_of(task_id)].append(won)
     for family, tasks in dev.items():
+        subset = tasks[0].subset
         budget = grown_budget(len(tasks), known[family], cfg, s.verify.min_failures)
+        held = rt.suite.split_sizes(subset).get("dev")  # a fixed dataset's split ends somewhere
+        budget = budget if held is None else min(budget, held)
         if budget > len(tasks):  # this family's tasks only, in `suite.tasks`' fixed order
-            subset = tasks[0].subset
             dev[family] = [
                 rt.suite.make_task(subset, "dev", k) for k in rt.suite.split_seeds(subset, "dev", budget)
             ]

@@ -426,9 +426,14 @@ def _metadata(skill: Skill) -> dict[str, Any]:
 
 
 def _acts_alike(a: Skill, b: Skill) -> bool:
-    """Two rules are one only if they act alike (their names may differ), two exemplar sets
-    only if they show the same solved tasks; other kinds carry neither."""
+    """Two rules or two constraints are one only if they act alike (their names may differ),
+    two exemplar sets only if they show the same solved tasks; other kinds carry none."""
     if a.exemplars != b.exemplars:
+        return False
+    if a.constraint is None or b.constraint is None:
+        if a.constraint is not b.constraint:
+            return False
+    elif a.constraint.model_dump(exclude={"name"}) != b.constraint.model_dump(exclude={"name"}):
         return False
     if a.rule is None or b.rule is None:
         return a.rule is b.rule

@@ -127,9 +127,20 @@ def test_near_duplicates_merge_and_different_skills_do_not(library: SkillLibrary
         _skill(name="coin-move-take", body="When: the kitchen is dark.\n\nInstead:\n1. open the fridge first")
     )
     assert other.action == "added" and other.name == "coin-move-take-2"  # same name, new content
+    from ratchet.types import ArgConstraint, ConstraintSpec
+
+    def constraint(city: ArgConstraint) -> Skill:
+        spec = ConstraintSpec(name="coin-args", tools={"get_weather": {"city": city}})
+        return _skill(name="coin-args", kind="constraint", body="Argument constraints.", constraint=spec)
+
+    kept = library.add(constraint(ArgConstraint(from_context=True)))
+    assert kept.action == "added"
+    changed = library.add(constraint(ArgConstraint(from_context=True, shape="title")))
+    assert changed.action == "added" and changed.name == "coin-args-2"  # acts otherwise: not merged
+    assert library.add(constraint(ArgConstraint(from_context=True))).action == "merged"
     elsewhere = library.add(_skill(family="textworld-express:mapreader"))
     assert elsewhere.action == "added"  # the same text for another family is another skill
-    assert len(library.names()) == 3
+    assert len(library.names()) == 5
 
 
 def test_a_near_duplicate_of_a_rejected_skill_stays_rejected(library: SkillLibrary) -> None:

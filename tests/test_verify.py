@@ -173,6 +173,12 @@ def test_the_dev_split_grows_where_the_champion_is_known_to_fail_few_tasks(tmp_p
         assert len(grown) == 40 and [t.id for t in grown[:16]] == [t.id for t in first]
         unknown = policy_with(champion, [_skill("other", "HELPFUL: another policy.")])
         assert len(dev_split(rt, unknown, 1)[FAMILY]) == 16  # its own outcomes are not known
+        # a fixed dataset's dev split of 24 (the desk example) ends the growth there, not in
+        # an error from the suite at the 25th
+        sizes = rt.suite.split_sizes
+        rt.suite.split_sizes = lambda subset: {"train": None, "dev": 24, "test": None}  # type: ignore[method-assign]
+        assert len(dev_split(rt, champion, 1)[FAMILY]) == 24
+        rt.suite.split_sizes = sizes  # type: ignore[method-assign]
         rt.settings.verify.min_failures = 0
         assert len(dev_split(rt, champion, 1)[FAMILY]) == 16
 
