@@ -82,8 +82,12 @@ def versus_first(settings: Any, first: int, last: int) -> dict[str, Any]:
 
 def run(opts: Options) -> None:
     install_example()
-    if opts.report or opts.redraw:
+    if opts.redraw:
         report_or_redraw(opts)
+        return
+    if opts.report:  # the table from --data's journals, then the tests from its trajectories
+        report_or_redraw(opts)
+        add_versus(opts)
         return
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     data = opts.data or fresh_data_dir(f"ratchet-{opts.name.replace('_', '-')}-")
@@ -91,7 +95,6 @@ def run(opts: Options) -> None:
     print(f"data: {data}", flush=True)
     started = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {}
-    tests: dict[str, dict[str, Any]] = {}
     dtype = target_settings(opts.targets[0], data, opts).model.dtype
     with embedded_server(data / "logs", dtype=dtype) as url:
         from ratchet.flows.evolve import check_settings, evolve_flow
@@ -100,13 +103,23 @@ def run(opts: Options) -> None:
             settings = target_settings(target, data, opts)
             check_settings(settings)
             results[target] = report_rows(evolve_flow(settings=settings, base_url=url), settings)
-            tests[target] = versus_first(settings, 0, opts.generations)
     write_results(opts, results, wall_seconds=time.perf_counter() - started)
-    for target, v in tests.items():
-        print(
-            f"{target}: generation {v['last']} vs 0 on the same test tasks: {v['better']} better, "
-            f"{v['worse']} worse, sign test p = {v['p_value']:.2g}"
-        )
+    add_versus(opts)
+
+
+def add_versus(opts: Options) -> None:
+    """Each generation against generation 0 on the same test tasks, printed and added to
+    the results file."""
+    assert opts.data is not None
+    tests = {}
+    for target in opts.targets:
+        settings = target_settings(target, opts.data, opts)
+        tests[target] = [versus_first(settings, 0, g) for g in range(1, opts.generations + 1)]
+        for v in tests[target]:
+            print(
+                f"{target}: generation {v['last']} vs 0 on the same test tasks: {v['better']} better, "
+                f"{v['worse']} worse, sign test p = {v['p_value']:.2g}"
+            )
     path = RESULTS / f"{opts.name}.json"
     doc = json.loads(path.read_text())
     doc["versus_generation_0"] = tests
