@@ -30,8 +30,10 @@ Evidence is counted in distinct *tasks*: many rollouts of one task are one piece
   entry of a tool without enumerated actions, `skills/rules.py`), when the observation has
   the words (at least 4 letters, at most `WHEN_MAX`) that every supporting state has and not
   every state of the family has: the rule picks the tool at such a state and lets go after.
-  Only for a tool no kept pattern already covers; dropped like a pattern when failures took
-  the tool there too often.
+  Where the states share no such word (one request in several phrasings), they are split
+  greedily by the word found in the most tasks' states, one rule per group of `min_tasks`
+  tasks or more. Only for a tool no kept pattern already covers; dropped like a pattern
+  when failures took the tool there too often.
 * **avoid** — an action failures took at the divergence in at least `min_tasks` tasks whose
   successful runs are among the trajectories given, when no successful trajectory of the
   family took it, nor any action of its shape, anywhere (stricter than "from a matching
@@ -300,19 +302,58 @@ def _prefer_tool_rules(
         also_taken = {task for action, ts in taken.items() if _tool(action) == tool for task in ts}
         if len(also_taken) > TAKEN_SHARE * len(tasks):
             continue
-        when = _state_words([_state(by_id.get(d.trajectory_id), d) for d in support], background)
-        if not when:  # forced at every state, the tool would be all the policy ever calls
-            continue
-        failed, wins, instead = _evidence(pattern, support, successes, tasks, _tool)
-        description = (
-            f"Prefer the tool `{tool}`: when the observation mentions "
-            f"{' and '.join(repr(w) for w in when)}, call `{tool}` rather than another tool. Evidence "
-            f"from {family} train runs: in {len(tasks)} tasks, {len(failed)} failed runs called "
-            f"`{instead}` where successful runs called `{tool}`; failures called it there in "
-            f"{len(also_taken)} tasks."
-        )
-        spec = RuleSpec(name=rule_name(family, "prefer", pattern), prefer=(pattern,), when=when)
-        out.append(MinedRule(spec, "prefer-tool", description, len(tasks), tuple(failed + wins)))
+        states = [_state(by_id.get(d.trajectory_id), d) for d in support]
+        # one rule per group of states that share words: a tool asked for in several phrasings
+        # ("Which time zone is ...", "What is the UTC offset of ...") gets one per phrasing; a
+        # group with no word of its own is dropped (forced at every state, the tool would be
+        # all the policy ever calls)
+        groups = _word_groups(support, states, background, min_tasks)
+        for when, group in groups:
+            tasks = {d.task_id for d in group}
+            failed, wins, instead = _evidence(pattern, group, successes, tasks, _tool)
+            description = (
+                f"Prefer the tool `{tool}`: when the observation mentions "
+                f"{' and '.join(repr(w) for w in when)}, call `{tool}` rather than another tool. "
+                f"Evidence from {family} train runs: in {len(tasks)} tasks, {len(failed)} failed runs "
+                f"called `{instead}` where successful runs called `{tool}`; failures called it there "
+                f"in {len(also_taken)} tasks."
+            )
+            # one group keeps the tool's name; several are told apart by their words
+            name = rule_name(family, "prefer", pattern if len(groups) == 1 else f"{tool} {' '.join(when)}")
+            spec = RuleSpec(name=name, prefer=(pattern,), when=when)
+            out.append(MinedRule(spec, "prefer-tool", description, len(tasks), tuple(failed + wins)))
+    return out
+
+
+def _word_groups(
+    support: list[Diagnosis], states: list[str | None], background: list[str], min_tasks: int
+) -> list[tuple[tuple[str, ...], list[Diagnosis]]]:
+    """The supporting diagnoses as groups whose states share words (`_state_words`): all of
+    them if they do; else, greedily, the word (4+ letters, not in every state of the family)
+    found in the states of the most tasks, and those states' shared words, then the same for
+    the rest, while a group holds `min_tasks` tasks. () if any state is unknown."""
+    if any(s is None for s in states):
+        return []
+    whole = _state_words(states, background)
+    if whole:
+        return [(whole, support)]
+    everywhere = set.intersection(*(_words(b) for b in background)) if background else set()
+    left = list(zip(support, [str(s) for s in states], strict=True))
+    out: list[tuple[tuple[str, ...], list[Diagnosis]]] = []
+    while left:
+        tasks_with: dict[str, set[str]] = defaultdict(set)
+        for d, s in left:
+            for w in _words(s) - everywhere:
+                if w.isalpha() and len(w) >= 4:
+                    tasks_with[w].add(d.task_id)
+        if not tasks_with:
+            break
+        best = max(sorted(tasks_with), key=lambda w: len(tasks_with[w]))
+        if len(tasks_with[best]) < min_tasks:
+            break
+        group = [(d, s) for d, s in left if best in _words(s)]
+        out.append((_state_words([s for _, s in group], background), [d for d, _ in group]))
+        left = [(d, s) for d, s in left if best not in _words(s)]
     return out
 
 

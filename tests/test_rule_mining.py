@@ -368,10 +368,14 @@ def test_random_and_gold_play_on_coin_yield_a_take_coin_rule() -> None:
 LOGIC = "reasoning-gym:propositional_logic"
 
 
-def logic_task(n: int, first_fail: str = "answer") -> tuple[list[Trajectory], list[Diagnosis]]:
+def logic_task(
+    n: int,
+    first_fail: str = "answer",
+    ask: str = "Given the premises P{n} and Q{n}, what can be concluded? Question {n}.",
+) -> tuple[list[Trajectory], list[Diagnosis]]:
     """A question a success answers after a calculation, and a failure answers (or calls
     `first_fail`) straight away; both see the question first, then the tool's result."""
-    question = f"Given the premises P{n} and Q{n}, what can be concluded? Question {n}."
+    question = ask.format(n=n)
     tid = task(n, family=LOGIC)
     win = traj(
         [f"{n} + {n}", f"x{n}"],
@@ -432,6 +436,24 @@ def test_calculating_before_answering_becomes_a_tool_choice_rule() -> None:
         "answer",
     ]
     assert not [r for r in mine_rules(LOGIC, trajs, diags, min_tasks=4) if r.kind == "prefer-tool"]
+
+
+def test_a_tool_asked_for_in_two_phrasings_gets_a_rule_per_phrasing() -> None:
+    """No word is in every question, so one rule would act everywhere (dropped); each
+    phrasing shared by enough tasks gets its own `when`, and acts on its own questions only."""
+    trajs, diags = logic_tasks([1, 2])
+    for n in (3, 4):
+        t, d = logic_task(n, ask="Which conclusion follows from facts P{n} and Q{n}?")
+        trajs, diags = trajs + t, diags + d
+    tool = [r for r in mine_rules(LOGIC, trajs, diags, min_tasks=2) if r.kind == "prefer-tool"]
+    assert sorted(r.support for r in tool) == [2, 2] and len({r.name for r in tool}) == 2
+    whens = sorted(set(r.spec.when) for r in tool)
+    assert {"conclusion", "follows"} <= whens[0] | whens[1] and {"given", "premises"} <= whens[0] | whens[1]
+    assert not set(whens[0]) & set(whens[1])  # each phrasing's words only
+    one = logic_tasks([1, 2])  # a lone task in the second phrasing is not a group
+    t, d = logic_task(3, ask="Which conclusion follows from facts P{n} and Q{n}?")
+    alone = [r for r in mine_rules(LOGIC, one[0] + t, one[1] + d, min_tasks=2) if r.kind == "prefer-tool"]
+    assert len(alone) == 1 and "facts" not in alone[0].spec.when and alone[0].support == 2
 
 
 def test_no_tool_choice_rule_where_the_failures_used_the_tool_as_well() -> None:
