@@ -18,18 +18,16 @@ distilled candidates' own. Writes bench/results/<name>.json.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._evolve import EvolveOptions, report_rows, target_settings, write_results
-from bench._evolve import run as report_or_redraw
-from bench.harness import RESULTS, ROOT, embedded_server, fresh_data_dir, option
+from bench._evolve import EvolveOptions, target_settings
+from bench._evolve import run as evolve_run
+from bench.harness import RESULTS, ROOT, option
 
 EXAMPLE = ROOT / "examples" / "desk-suite"
 
@@ -82,29 +80,9 @@ def versus_first(settings: Any, first: int, last: int) -> dict[str, Any]:
 
 def run(opts: Options) -> None:
     install_example()
-    if opts.redraw:
-        report_or_redraw(opts)
-        return
-    if opts.report:  # the table from --data's journals, then the tests from its trajectories
-        report_or_redraw(opts)
+    evolve_run(opts)  # the run (or --report's table, or --redraw's plot), as evolve_gain's
+    if not opts.redraw:
         add_versus(opts)
-        return
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    data = opts.data or fresh_data_dir(f"ratchet-{opts.name.replace('_', '-')}-")
-    opts.data = data
-    print(f"data: {data}", flush=True)
-    started = time.perf_counter()
-    results: dict[str, list[dict[str, Any]]] = {}
-    dtype = target_settings(opts.targets[0], data, opts).model.dtype
-    with embedded_server(data / "logs", dtype=dtype) as url:
-        from ratchet.flows.evolve import check_settings, evolve_flow
-
-        for target in opts.targets:
-            settings = target_settings(target, data, opts)
-            check_settings(settings)
-            results[target] = report_rows(evolve_flow(settings=settings, base_url=url), settings)
-    write_results(opts, results, wall_seconds=time.perf_counter() - started)
-    add_versus(opts)
 
 
 def add_versus(opts: Options) -> None:
