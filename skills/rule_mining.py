@@ -33,7 +33,9 @@ Evidence is counted in distinct *tasks*: many rollouts of one task are one piece
   Where the states share no such word (one request in several phrasings), they are split
   greedily by the word found in the most tasks' states, one rule per group of `min_tasks`
   tasks or more. Only for a tool no kept pattern already covers; dropped like a pattern
-  when failures took the tool there too often.
+  when failures called the tool where successes called another one too often (a failure
+  that called it with wrong arguments where successes called it too is no evidence
+  against choosing it).
 * **avoid** — an action failures took at the divergence in at least `min_tasks` tasks whose
   successful runs are among the trajectories given, when no successful trajectory of the
   family took it, nor any action of its shape, anywhere (stricter than "from a matching
@@ -299,9 +301,16 @@ def _prefer_tool_rules(
             continue
         has_args = any(": " in a for a in by_alt if _tool(a) == tool)
         pattern = tool_entry(tool, has_args)
-        also_taken = {task for action, ts in taken.items() if _tool(action) == tool for task in ts}
-        if len(also_taken) > TAKEN_SHARE * len(tasks):
-            continue
+        # against forcing the tool: failures that called it where successes called another one
+        # (a failure that called it with wrong arguments where successes called it too says
+        # nothing about the choice of tool), counted below where the rule would act
+        against = [
+            d
+            for alt, ds in by_alt.items()
+            if _tool(alt) != tool
+            for d in ds
+            if _tool(d.attribution.taken) == tool  # type: ignore[union-attr]
+        ]
         states = [_state(by_id.get(d.trajectory_id), d) for d in support]
         # one rule per group of states that share words: a tool asked for in several phrasings
         # ("Which time zone is ...", "What is the UTC offset of ...") gets one per phrasing; a
@@ -310,13 +319,20 @@ def _prefer_tool_rules(
         groups = _word_groups(support, states, background, min_tasks)
         for when, group in groups:
             tasks = {d.task_id for d in group}
+            also_taken = {
+                d.task_id
+                for d in against
+                if (seen := _state(by_id.get(d.trajectory_id), d)) is None or set(when) <= _words(seen)
+            }
+            if len(also_taken) > TAKEN_SHARE * len(tasks):
+                continue
             failed, wins, instead = _evidence(pattern, group, successes, tasks, _tool)
             description = (
                 f"Prefer the tool `{tool}`: when the observation mentions "
                 f"{' and '.join(repr(w) for w in when)}, call `{tool}` rather than another tool. "
                 f"Evidence from {family} train runs: in {len(tasks)} tasks, {len(failed)} failed runs "
-                f"called `{instead}` where successful runs called `{tool}`; failures called it there "
-                f"in {len(also_taken)} tasks."
+                f"called `{instead}` where successful runs called `{tool}`; failures called it where "
+                f"successful runs called another tool in {len(also_taken)} tasks."
             )
             # one group keeps the tool's name; several are told apart by their words
             name = rule_name(family, "prefer", pattern if len(groups) == 1 else f"{tool} {' '.join(when)}")
