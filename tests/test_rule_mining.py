@@ -466,3 +466,16 @@ def test_a_tool_no_success_ever_called_is_avoided_whole() -> None:
     avoid = [r for r in mine_rules(LOGIC, trajs, diags, min_tasks=2) if r.kind == "avoid"]
     assert [r.spec.avoid for r in avoid] == [("search: *",)]  # the tool, not three one-off calls
     assert avoid[0].support == 3 and avoid[0].name == "propositional-logic-avoid-search"
+
+
+def test_a_wrong_argument_to_the_right_tool_is_no_evidence_against_choosing_it() -> None:
+    """Tasks 1-3: failures answered where successes calculated first (the tool choice).
+    Tasks 4-6: failures calculated with a wrong expression where successes calculated the
+    right one. Before, those counted as 'failures called the calculator too' and dropped
+    the rule; they say nothing about which tool to call."""
+    trajs, diags = logic_tasks([1, 2, 3])
+    wrong, wrong_diags = logic_tasks([4, 5, 6], first_fail="calculator")
+    assert all(d.attribution.taken.startswith("calculator") for d in wrong_diags)  # type: ignore[union-attr]
+    rules = mine_rules(LOGIC, trajs + wrong, diags + wrong_diags, min_tasks=2)
+    tool = [r for r in rules if r.kind == "prefer-tool"]
+    assert len(tool) == 1 and tool[0].spec.prefer == ("calculator: *",) and tool[0].support == 3
