@@ -31,6 +31,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ratchet.skills.format import Skill
@@ -73,12 +74,11 @@ def numbers(texts: Sequence[str]) -> list[float | int]:
     return list(out)
 
 
-def _in_context(value: Any, texts: Sequence[str]) -> bool:
-    if isinstance(value, bool):
+def _number_read(value: Any, texts: Sequence[str]) -> bool:
+    """Whether a number value is one of the numbers `texts` write (a bool is no number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return False
-    if isinstance(value, int | float):
-        return any(abs(value - n) < 1e-9 for n in numbers(texts))
-    return _as_read(value, texts) is not None
+    return any(abs(value - n) < 1e-9 for n in numbers(texts))
 
 
 def _as_read(value: Any, texts: Sequence[str]) -> str | None:
@@ -116,13 +116,13 @@ def _narrow(prop: dict[str, Any], rule: ArgConstraint, found: _Read) -> dict[str
         hi = prop.get("maxLength", 1 << 30)
         shape = _SHAPES.get(rule.shape or "")
         fits = [  # the schema's own bounds hold, and the shape successes had
-            v for v in found.spans() if lo <= len(v) <= hi and (shape is None or shape.fullmatch(v))
+            v for v in found.spans if lo <= len(v) <= hi and (shape is None or shape.fullmatch(v))
         ]
         if 0 < len(fits) <= ENUM_MAX:
             new["enum"] = fits
     elif rule.from_context and kind in ("number", "integer"):
         whole = kind == "integer" or rule.integer
-        values = [n for n in found.numbers() if not whole or isinstance(n, int)]
+        values = [n for n in found.numbers if not whole or isinstance(n, int)]
         if 0 < len(values) <= ENUM_MAX:
             new["enum"] = values
     if rule.max_length and kind == "string" and rule.max_length < prop.get("maxLength", 1 << 30):
@@ -137,16 +137,14 @@ class _Read:
 
     def __init__(self, context: Sequence[str]) -> None:
         self.context = context
-        self._spans: list[str] | None = None
-        self._numbers: list[float | int] | None = None
 
+    @cached_property
     def spans(self) -> list[str]:
-        self._spans = spans(self.context) if self._spans is None else self._spans
-        return self._spans
+        return spans(self.context)
 
+    @cached_property
     def numbers(self) -> list[float | int]:
-        self._numbers = numbers(self.context) if self._numbers is None else self._numbers
-        return self._numbers
+        return numbers(self.context)
 
 
 def constrain_args(
@@ -158,12 +156,13 @@ def constrain_args(
     if not constraints:
         return list(tools), []
     found = _Read(context)
+    ordered = sorted(constraints, key=lambda c: c.name)
     out: list[ToolSpec] = []
     fired: dict[str, None] = {}
     for tool in tools:
         props = dict(tool.parameters.get("properties") or {})
         changed = False
-        for c in sorted(constraints, key=lambda c: c.name):
+        for c in ordered:
             for arg, rule in c.tools.get(tool.name, {}).items():
                 prop = props.get(arg)
                 if not isinstance(prop, dict) or "enum" in prop:
@@ -248,20 +247,21 @@ def _mine_arg(calls: Sequence[tuple[Any, list[str]]]) -> ArgConstraint | None:
     """What every successful value of one argument had in common (each with what the agent
     had read when it wrote it), or None when nothing."""
     values = [v for v, _ in calls]
-    from_context = all(_in_context(v, ctx) for v, ctx in calls)
     if all(isinstance(v, str) for v in values):
         lengths = {len(v.strip()) for v in values}
         # the shape of what was copied, as the text wrote it: a success may have lowercased
         # "Paris" (the suite compared without case), the enum offers the text's spelling
-        read = [_as_read(v, ctx) or v for v, ctx in calls] if from_context else []
+        read = [_as_read(v, ctx) for v, ctx in calls]
+        from_context = all(r is not None for r in read)
         return ArgConstraint(
             from_context=from_context,
             max_length=max(2 * max(lengths), 8),
             # only a fixed length (a code: EUR, USD) is a format; the shortest of some cities
             # is not a bound, and would take "Rome" off a menu built from "Lima" and "Oslo"
             min_length=lengths.pop() if from_context and len(lengths) == 1 else None,
-            shape=shape_of(read) if from_context else None,
+            shape=shape_of([r for r in read if r is not None]) if from_context else None,
         )
+    from_context = all(_number_read(v, ctx) for v, ctx in calls)
     whole = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
     return ArgConstraint(from_context=from_context, integer=whole) if from_context or whole else None
 

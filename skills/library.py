@@ -74,6 +74,7 @@ from ratchet.skills.format import (
     render,
     write_files,
 )
+from ratchet.types import ConstraintSpec, RuleSpec
 
 MERGE_SIMILARITY = 0.92
 INDEX_RETRY = "it is retried by the next decision"
@@ -428,16 +429,16 @@ def _metadata(skill: Skill) -> dict[str, Any]:
 def _acts_alike(a: Skill, b: Skill) -> bool:
     """Two rules or two constraints are one only if they act alike (their names may differ),
     two exemplar sets only if they show the same solved tasks; other kinds carry none."""
-    if a.exemplars != b.exemplars:
-        return False
-    if a.constraint is None or b.constraint is None:
-        if a.constraint is not b.constraint:
-            return False
-    elif a.constraint.model_dump(exclude={"name"}) != b.constraint.model_dump(exclude={"name"}):
-        return False
-    if a.rule is None or b.rule is None:
-        return a.rule is b.rule
-    return a.rule.model_dump(exclude={"name"}) == b.rule.model_dump(exclude={"name"})
+    return (
+        a.exemplars == b.exemplars
+        and _data(a.rule) == _data(b.rule)
+        and _data(a.constraint) == _data(b.constraint)
+    )
+
+
+def _data(spec: RuleSpec | ConstraintSpec | None) -> dict[str, Any] | None:
+    """What a rule or a constraint does, without the name it was filed under."""
+    return None if spec is None else spec.model_dump(exclude={"name"})
 
 
 def _union(a: list[str], b: list[str]) -> list[str]:

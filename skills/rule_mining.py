@@ -304,8 +304,8 @@ def _prefer_tool_rules(
         # against forcing the tool: failures that called it where successes called another one
         # (a failure that called it with wrong arguments where successes called it too says
         # nothing about the choice of tool), counted below where the rule would act
-        against = [
-            d
+        against = [  # each with the state it acted on (None: unknown, counted wherever)
+            (d.task_id, _state(by_id.get(d.trajectory_id), d))
             for alt, ds in by_alt.items()
             if _tool(alt) != tool
             for d in ds
@@ -319,11 +319,7 @@ def _prefer_tool_rules(
         groups = _word_groups(support, states, background, min_tasks)
         for when, group in groups:
             tasks = {d.task_id for d in group}
-            also_taken = {
-                d.task_id
-                for d in against
-                if (seen := _state(by_id.get(d.trajectory_id), d)) is None or set(when) <= _words(seen)
-            }
+            also_taken = {task for task, seen in against if seen is None or set(when) <= _words(seen)}
             if len(also_taken) > TAKEN_SHARE * len(tasks):
                 continue
             failed, wins, instead = _evidence(pattern, group, successes, tasks, _tool)
@@ -353,14 +349,14 @@ def _word_groups(
     whole = _state_words(states, background)
     if whole:
         return [(whole, support)]
-    everywhere = set.intersection(*(_words(b) for b in background)) if background else set()
+    everywhere = _everywhere(background)
     left = list(zip(support, [str(s) for s in states], strict=True))
     out: list[tuple[tuple[str, ...], list[Diagnosis]]] = []
     while left:
         tasks_with: dict[str, set[str]] = defaultdict(set)
         for d, s in left:
             for w in _words(s) - everywhere:
-                if w.isalpha() and len(w) >= 4:
+                if _when_word(w):
                     tasks_with[w].add(d.task_id)
         if not tasks_with:
             break
@@ -378,11 +374,20 @@ def _state_words(states: list[str | None], background: list[str]) -> tuple[str, 
     WHEN_MAX, in the first state's order; () if any state is unknown."""
     if not states or any(s is None for s in states):
         return ()
-    everywhere = set.intersection(*(_words(b) for b in background)) if background else set()
-    common = set.intersection(*(_words(s) for s in states if s is not None)) - everywhere
+    common = set.intersection(*(_words(s) for s in states if s is not None)) - _everywhere(background)
     first = re.findall(r"[a-z0-9]+", str(states[0]).lower())
-    words = [w for w in dict.fromkeys(first) if w in common and w.isalpha() and len(w) >= 4]
+    words = [w for w in dict.fromkeys(first) if w in common and _when_word(w)]
     return tuple(words[:WHEN_MAX])
+
+
+def _everywhere(background: list[str]) -> set[str]:
+    """Words in every state of the family: they tell no state from another."""
+    return set.intersection(*(_words(b) for b in background)) if background else set()
+
+
+def _when_word(word: str) -> bool:
+    """A word a tool-choice rule's `when` may hold: letters only, 4 or more."""
+    return word.isalpha() and len(word) >= 4
 
 
 def _mostly_noop(pattern: str, successes: list[Trajectory]) -> bool:
@@ -422,7 +427,7 @@ def _when(pattern: str, states: list[str | None], background: list[str]) -> tupl
     rest = pattern.partition(": ")[2] if ": " in pattern else ""
     wanted = list(dict.fromkeys(w for token in rest.split() if token != WILDCARD for w in _words(token)))
     seen = [_words(s) for s in states if s is not None]
-    everywhere = set.intersection(*(_words(b) for b in background)) if background else set()
+    everywhere = _everywhere(background)
     return tuple(w for w in wanted if all(w in s for s in seen) and w not in everywhere)
 
 
