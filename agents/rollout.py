@@ -104,7 +104,7 @@ def run_rollout(
             raise
         error = f"{type(exc).__name__}: {exc}"
     outcome = ctx.outcome if ctx is not None else None
-    return _trajectory(
+    return build_trajectory(
         slot,
         suite,
         seed=settings.seed,
@@ -189,7 +189,7 @@ def _expert(
     started: float,
     **fields: Any,
 ) -> Trajectory:
-    return _trajectory(
+    return build_trajectory(
         slot,
         suite,
         seed=_seed_of(slot.task),
@@ -208,7 +208,7 @@ def _seed_of(task: Task) -> int:
     return task.seed if isinstance(task.seed, int) else int(content_hash(task.seed, length=8), 16) % (2**31)
 
 
-def _trajectory(slot: RolloutSlot, suite: Suite, **fields: Any) -> Trajectory:
+def build_trajectory(slot: RolloutSlot, suite: Suite, **fields: Any) -> Trajectory:
     """A Trajectory for `slot`: identity and task fields from the slot, the rest as given."""
     task = slot.task
     return Trajectory(

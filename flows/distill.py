@@ -203,6 +203,12 @@ def source(name: str) -> Callable[[DraftFn], DraftFn]:
     return register
 
 
+def offers_tools(s: Settings) -> bool:
+    """Whether a distilled tool can reach the policy: ratchet's actor offers it beside the
+    suite's; your own agent (`agent.entry`) calls only its own tools, so none is drafted."""
+    return not s.agent.entry
+
+
 @source("rules")
 def rules(ev: Evidence, family: str) -> list[Draft]:
     """Action rules mined from the family's attributed failures and stagnation (no model)."""
@@ -257,6 +263,8 @@ def guardrails(ev: Evidence, family: str) -> list[Draft]:
 def macros(ev: Evidence, family: str) -> list[Draft]:
     """The best parameterized patterns as macro tools (`distill.tools`), by the toolsmith."""
     found: list[Draft] = []
+    if not offers_tools(ev.settings):
+        return found
     for p in [p for p in ev.patterns(family) if p.params][: ev.settings.distill.tools]:
         verbs = [next(iter(a.args.values()), a.tool).split()[0] for a in p.actions]
         job = MacroJob(slug(p.family.split(":", 1)[-1], "macro", *verbs[:4]), p)
@@ -267,7 +275,9 @@ def macros(ev: Evidence, family: str) -> list[Draft]:
 @source("function")
 def functions(ev: Evidence, family: str) -> list[Draft]:
     """For a question-answer family, a teacher-written function tool (with a teacher only)."""
-    if ev.teacher is None or (job := function_job(family, ev.wins(family))) is None:
+    if not offers_tools(ev.settings) or ev.teacher is None:
+        return []
+    if (job := function_job(family, ev.wins(family))) is None:
         return []
     return [Job(f"function {family}", ev.toolsmith, {"job": job, "screen": ev.screen(family)})]
 

@@ -20,6 +20,8 @@ from ratchet.agents.baselines import Baselines, VersusRandom
 from ratchet.agents.model import is_transient
 from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.config import Settings
+from ratchet.endpoint.agent import run_agent_rollout
+from ratchet.endpoint.recording import Arm
 from ratchet.flows import agent_versions, display, traces, tracking
 from ratchet.flows.progress import report
 from ratchet.flows.runtime import LoopRuntime, RuntimeRef
@@ -92,16 +94,28 @@ def _play_and_store(
         if policy.exemplars:
             exemplars = tuple(rt.retriever.select(query, policy.exemplars, s.exemplars, s.exemplar_budget))
     with traces.rollout_trace(trace, slot) as finish:
-        traj = run_rollout(
-            rt.actor,
-            rt.suite,
-            slot,
-            policy,
-            settings,
-            tool_runner=rt.toolbox,
-            skills=skills,
-            exemplars=exemplars,
-        )
+        if rt.agent is not None and rt.endpoint is not None:  # your agent, behind the endpoint
+            arm = Arm(
+                policy,
+                skills,
+                exemplars,
+                temperature=settings.temperature,
+                seed=settings.seed,
+                max_steps=settings.max_steps,
+                max_tokens=settings.max_tokens,
+            )
+            traj = run_agent_rollout(rt.agent, rt.suite, slot, rt.endpoint, arm)
+        else:
+            traj = run_rollout(
+                rt.actor,
+                rt.suite,
+                slot,
+                policy,
+                settings,
+                tool_runner=rt.toolbox,
+                skills=skills,
+                exemplars=exemplars,
+            )
         finish(traj)
     rt.store.put(traj)
     faults.point("rollout.stored")

@@ -12,7 +12,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,8 @@ from langchain_core.language_models import BaseChatModel
 from ratchet.agents.actor import build_actor
 from ratchet.agents.model import ToolCallMode, chat_model
 from ratchet.config import Settings
+from ratchet.endpoint.agent import YourAgent
+from ratchet.endpoint.serve import InterventionEndpoint
 from ratchet.errors import ConfigError, EndpointError, SuiteVersionError
 from ratchet.flows.tracking import audit_logger
 from ratchet.kinds import apply_all
@@ -40,7 +42,7 @@ from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary, read_audit
 from ratchet.skills.toolbox import Toolbox
-from ratchet.suites import Suite, get_suite
+from ratchet.suites import Suite, suite_from
 from ratchet.training.registry import AdapterRegistry, AdapterVersion, may_have_adapters
 from ratchet.types import Policy
 
@@ -60,6 +62,8 @@ class LoopRuntime:
     retriever: SkillRetriever | None = None
     adapter: AdapterVersion | None = None  # the champion adapter, loaded on the endpoint
     model_dtype: str | None = None  # the format the server says it runs in; None: it does not say
+    agent: YourAgent | None = None  # your agent (`agent.entry`) in place of the actor
+    endpoint: InterventionEndpoint | None = None  # the intervention endpoint your agent calls
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
@@ -119,9 +123,11 @@ def _worker_runtime(ref: RuntimeRef) -> LoopRuntime:
     the champion adapter is already loaded on the endpoint by the process that opened it."""
     s = ref.settings
     prepare_environment(s)
-    suite = get_suite(s.suite)
+    suite = suite_from(s)
     rt = LoopRuntime(s, suite, open_store(s.trajectories_db), ref.base_url, policy_actor(s, ref.base_url))
     rt.retriever = live_retriever(s)
+    if s.agent.entry:  # this process's own endpoint: it records the rollouts this process plays
+        rt.agent, rt.endpoint = YourAgent(s.agent), intervention_endpoint(s, ref.base_url).start()
     if ref.tools:
         library = SkillLibrary(s.skills_dir, s.index_dir)
         rt.use_tools([library.get(name) for name in ref.tools])
@@ -212,7 +218,7 @@ def preflight(settings: Settings, gate: bool = False, splits: Sequence[str] = ("
     check_state_files(settings)
     if gate:
         check_dev_size(settings, {"each family": settings.splits.dev})
-    suite = get_suite(settings.suite)
+    suite = suite_from(settings)
     try:
         if settings.trajectories_db.is_file():
             store = open_store(settings.trajectories_db)
@@ -229,6 +235,8 @@ def preflight(settings: Settings, gate: bool = False, splits: Sequence[str] = ("
                     suite.split_seeds(subset, split, getattr(settings.splits, split))
             except ValueError as exc:
                 raise ConfigError(f"cannot build the {split} split: {exc}", f"lower splits.{split}") from None
+        if settings.agent.entry:
+            your_agent(settings, suite)
     finally:
         suite.close()
     if settings.model.endpoint:
@@ -299,10 +307,10 @@ def check_state_files(settings: Settings) -> None:
 def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[LoopRuntime]:
     """Check everything that can fail on bad input (suite, Java, endpoint) before writing anything."""
     prepare_environment(settings)
-    suite = get_suite(settings.suite)
+    suite = suite_from(settings)
     try:
         suite.check()
-        with model_endpoint(settings, base_url) as url:
+        with model_endpoint(settings, base_url) as url, ExitStack() as stack:
             store = open_store(settings.trajectories_db)
             try:
                 check_suite_version(store, settings.evolution, suite)
@@ -313,11 +321,37 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                 rt.use_tools(rt.library.list(status="promoted", kind="tool"))
                 rt.adapter = load_champion_adapter(settings, url)
                 rt.model_dtype = served_dtype(url)  # the server's word, not the settings' (a caller's URL)
+                if settings.agent.entry:
+                    rt.agent = your_agent(settings, suite)
+                    rt.endpoint = stack.enter_context(intervention_endpoint(settings, url))
                 yield rt
             finally:
                 store.close()
     finally:
         suite.close()
+
+
+def your_agent(settings: Settings, suite: Suite) -> YourAgent:
+    """The agent `agent.entry` names, loaded (one line if it cannot be), on a suite whose tasks
+    it can answer: a task file, or a suite whose episodes take an answer in words."""
+    agent = YourAgent(settings.agent)
+    agent.check()
+    task = suite.tasks("train", 1)[0]
+    with suite.episode(task) as episode:
+        episode.reset()
+        answers = episode.offers_text_reply(0)
+    if not answers:
+        raise ConfigError(
+            f"agent.entry plays tasks that take an answer, and suite {settings.suite!r} takes tool calls",
+            "use a task file (tasks.file) or a suite whose tasks are answered in words",
+        )
+    return agent
+
+
+def intervention_endpoint(settings: Settings, url: str) -> InterventionEndpoint:
+    """The endpoint your agent calls, in front of the policy's model at `url`."""
+    m = settings.model
+    return InterventionEndpoint(url, m.api_key.get_secret_value(), m.timeout_s)
 
 
 def load_champion_adapter(settings: Settings, url: str) -> AdapterVersion | None:

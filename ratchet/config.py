@@ -15,12 +15,21 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -436,6 +445,54 @@ class SplitSizes(Section):
     test: int = Field(default=20, ge=1, le=SPLIT_MAX, description="test tasks per subset")
 
 
+ENTRY_POINT = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"  # 'module:attribute', as a console script names one
+
+
+class AgentSettings(Section):
+    """Your own agent in place of ratchet's actor (docs/your-agent.md): called once per task
+    with the task's input and a base URL of the intervention endpoint (`endpoint/`), which
+    records its model calls and applies the policy of the arm the rollout plays."""
+
+    entry: str = Field(
+        default="",
+        pattern=rf"{ENTRY_POINT}|^$",
+        description="'module:function' of your agent, imported with the working directory on the path; "
+        "empty: ratchet's own actor plays the suite's tools",
+    )
+    kind: Literal["function", "langgraph"] = Field(
+        default="function",
+        description="'function': entry(task_input, base_url) returns the answer; 'langgraph': "
+        "entry(base_url) returns a compiled graph, invoked with {'messages': [task input]}, whose last "
+        "message is the answer",
+    )
+    timeout_s: float = Field(
+        default=600.0, gt=0, le=DAY_S, description="one task's wall time; past it the rollout is an error"
+    )
+
+
+class TaskFileSettings(Section):
+    """A suite from your own data: one JSON object per line, with `input` (what your agent is
+    given) and optionally `id` and any fields your scoring function reads (`suites/task_file.py`)."""
+
+    file: Path | None = Field(default=None, description="the JSONL task file; set, it is the suite")
+    score: str = Field(
+        default="",
+        pattern=rf"{ENTRY_POINT}|^$",
+        description="'module:function' scoring one answer: score(item, answer) returns a bool, or "
+        "(bool, score)",
+    )
+    max_steps: int = Field(
+        default=20, ge=1, le=10_000, description="model calls one rollout may make (the step budget)"
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _names_jsonl(cls, v: Path | None) -> Path | None:
+        if v is not None and v.suffix != ".jsonl":
+            raise ValueError("must name a .jsonl file (one JSON object per line)")
+        return v
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RATCHET_",
@@ -496,6 +553,23 @@ class Settings(BaseSettings):
     finetune: FinetuneSettings = Field(default_factory=FinetuneSettings)
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    tasks: TaskFileSettings = Field(default_factory=TaskFileSettings)
+
+    @model_validator(mode="after")
+    def _task_file_is_the_suite(self) -> Settings:
+        """With `tasks.file` set, the suite is that file ('tasks:<file stem>'); naming another
+        suite beside it is an error, not a setting silently ignored."""
+        t = self.tasks
+        if t.file is None:
+            return self
+        if not t.score:
+            raise ValueError("tasks.file needs tasks.score, the 'module:function' that scores an answer")
+        name = task_file_suite_name(t.file)
+        if "suite" in self.model_fields_set and self.suite not in ("tasks", name):
+            raise ValueError(f"set either suite ({self.suite!r}) or tasks.file ({t.file}), not both")
+        self.suite = name
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -553,6 +627,13 @@ class Settings(BaseSettings):
     @property
     def logs_dir(self) -> Path:
         return (self.data_dir / "logs").resolve()
+
+
+def task_file_suite_name(path: Path) -> str:
+    """The suite spec of a task file: 'tasks:<stem>', the stem cut to the characters a task
+    id's subset may hold."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-.") or "tasks"
+    return f"tasks:{stem}"
 
 
 def settings_from(config: str | None, overrides: dict[str, Any] | None = None) -> Settings:

@@ -183,7 +183,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             return _error(404, str(exc), "not_found_error")
         body = completion_body(req.model, result, tool_mode=schema is not None and bool(tools))
         if req.stream:
-            return StreamingResponse(_sse(body), media_type="text/event-stream")
+            return StreamingResponse(sse_chunks(body), media_type="text/event-stream")
         return body
 
     return app
@@ -229,7 +229,7 @@ def completion_body(model: str, res: GenResult, tool_mode: bool) -> dict[str, An
     }
 
 
-async def _sse(body: dict[str, Any]) -> Any:
+async def sse_chunks(body: dict[str, Any]) -> Any:
     """Stream a finished completion as one delta chunk (enough for clients that ask for SSE)."""
     choice = body["choices"][0]
     delta = dict(choice["message"])

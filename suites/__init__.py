@@ -5,6 +5,6 @@ A suite is a plug-in registered under the entry-point group `ratchet.suites`
 """
 
 from ratchet.suites.base import ActionError, Episode, StepResult, Suite
-from ratchet.suites.registry import available_suites, get_suite
+from ratchet.suites.registry import available_suites, get_suite, suite_from
 
-__all__ = ["ActionError", "Episode", "StepResult", "Suite", "available_suites", "get_suite"]
+__all__ = ["ActionError", "Episode", "StepResult", "Suite", "available_suites", "get_suite", "suite_from"]

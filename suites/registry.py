@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import EntryPoint, entry_points
 
+from ratchet.config import Settings
 from ratchet.errors import RatchetError, UnknownSuiteError
 from ratchet.suites.base import PORTING_NOTE, Suite
 
@@ -49,6 +50,16 @@ def get_suite(spec: str) -> Suite:
             "pick one of those, or install a package that registers it under 'ratchet.suites'",
         )
     return load_suite_class(name, found[name])(subsets)
+
+
+def suite_from(settings: Settings) -> Suite:
+    """The suite the settings name: the task file when `tasks.file` is set
+    (`suites/task_file.py`), else the plug-in `suite` names."""
+    if settings.tasks.file is not None:
+        from ratchet.suites.task_file import TaskFileSuite  # noqa: PLC0415 - only for a task file
+
+        return TaskFileSuite(settings.tasks)
+    return get_suite(settings.suite)
 
 
 def one_line(exc: BaseException) -> str:

@@ -21,7 +21,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("suites", "server", "memory", "diagnosis"),
     ("skills",),
     ("agents",),
-    ("training", "conformance"),  # conformance: the kit plug-in authors run on their suites
+    # conformance: the kit plug-in authors run on their suites; endpoint: the intervention
+    # endpoint in front of the model, and a user's own agent as the rollout
+    ("training", "conformance", "endpoint"),
     ("flows",),
     ("dashboard",),
     ("cli",),

@@ -1,0 +1,222 @@
+"""Your agent as the rollout: called once per task with a base URL of the intervention
+endpoint, its model calls recorded there and turned into the rollout's trajectory.
+
+Two kinds (`agent.kind`):
+
+* `function`: `entry(task_input, base_url)` returns the answer;
+* `langgraph`: `entry(base_url)` returns a compiled graph; it is invoked with
+  `{"messages": [{"role": "user", "content": <task input as text>}]}` and its last
+  message's content is the answer.
+
+The answer is scored by the suite (`Episode.answer`, the task file's scoring function).
+What a rollout ends as:
+
+* the agent returned: scored; success and score as the scoring function says;
+* the agent raised after the endpoint refused a call past the step budget: a failure
+  (budget spent), like ratchet's actor running out of steps;
+* the agent raised otherwise, or ran past `agent.timeout_s`: an error trajectory with the
+  traceback kept, never a stuck run;
+* the model behind the endpoint failed: a transient error, and the rollout is retried;
+* the agent made no model call through the endpoint: an error (it cached answers, or did
+  not use the base URL it was given), since there is nothing to learn from or to gate.
+
+Each recorded call is a step: what the model read since its last reply (the observation),
+its reply, its first tool call and the result the agent sent back for it, tokens, seconds,
+and the rules and constraints that changed the tools it was offered.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from ratchet.agents.rollout import RolloutSlot, build_trajectory
+from ratchet.config import AgentSettings
+from ratchet.endpoint.apply import latest_observation, reply_call, text_of
+from ratchet.endpoint.recording import Arm, Call
+from ratchet.endpoint.serve import InterventionEndpoint
+from ratchet.errors import RatchetError, TransientModelError
+from ratchet.suites.base import Episode, StepResult, Suite
+from ratchet.suites.task_file import TaskFileEpisode, load_entry
+from ratchet.types import PromptRecord, Step, Task, Trajectory
+
+
+class AgentError(RatchetError):
+    """The configured agent cannot be loaded."""
+
+
+@dataclass(frozen=True)
+class YourAgent:
+    """The agent `agent.entry` names, loaded once per process."""
+
+    settings: AgentSettings
+
+    @cached_property
+    def entry(self) -> Any:
+        return load_entry(self.settings.entry, "agent")
+
+    def check(self) -> None:
+        self.entry  # noqa: B018 - loaded now: a wrong name is one line before anything runs
+
+    def run(self, task_input: Any, base_url: str, max_steps: int) -> Any:
+        """The agent's answer to one task (raises what the agent raised)."""
+        if self.settings.kind == "function":
+            return self.entry(task_input, base_url)
+        graph = self.entry(base_url)
+        text = task_input if isinstance(task_input, str) else json.dumps(task_input, ensure_ascii=False)
+        state = graph.invoke(
+            {"messages": [{"role": "user", "content": text}]},
+            config={"recursion_limit": 2 * max_steps + 5},
+        )
+        messages = state.get("messages") if isinstance(state, dict) else None
+        if not messages:
+            raise AgentError(
+                "the graph's final state has no messages", "return a graph with a messages state"
+            )
+        last = messages[-1]
+        return text_of(getattr(last, "content", None) if not isinstance(last, dict) else last.get("content"))
+
+
+def task_input(task: Task) -> Any:
+    """What the agent is given: the task file's `input` as written, else the instruction."""
+    return task.spec["input"] if "input" in task.spec else task.instruction
+
+
+def run_agent_rollout(
+    agent: YourAgent, suite: Suite, slot: RolloutSlot, endpoint: InterventionEndpoint, arm: Arm
+) -> Trajectory:
+    """Play `slot.task` once with your agent behind `endpoint`, the arm's policy applied."""
+    task = slot.task
+    started = time.perf_counter()
+    rec = endpoint.rollouts.open(arm)
+    outcome: Any = None
+    error: str | None = None
+    answer: dict[str, Any] = {}
+    try:
+        with suite.episode(task) as episode:
+            episode.reset()
+            finished = _call_with_timeout(
+                agent.run,
+                (task_input(task), endpoint.rollout_url(rec.key), arm.max_steps),
+                answer,
+                agent.settings.timeout_s,
+            )
+            endpoint.rollouts.close(rec)  # no call lands in this rollout from here on
+            if rec.upstream_error and "value" not in answer:
+                raise TransientModelError(rec.upstream_error)
+            if not finished:
+                error = f"the agent did not finish in {agent.settings.timeout_s:.0f} s (agent.timeout_s)"
+            elif "value" in answer:
+                if not rec.calls:
+                    error = (
+                        "the agent made no model call through the endpoint: it must call the model at the "
+                        "base URL it is given, for every task (no answers cached across tasks)"
+                    )
+                else:
+                    outcome = give_answer(episode, answer["value"])
+            elif not rec.budget_spent:
+                error = answer["error"]
+    except TransientModelError:
+        raise
+    except Exception as exc:  # the suite contract: the scorer's or the suite's error ends this rollout
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        endpoint.rollouts.close(rec)
+    return build_trajectory(
+        slot,
+        suite,
+        seed=arm.seed,
+        policy_version=arm.policy.version,
+        prompt=prompt_record(rec.calls),
+        steps=steps_of(rec.calls),
+        status="error" if error else "finished",
+        done=outcome is not None,
+        max_steps=arm.max_steps,
+        success=bool(outcome and outcome.success) and error is None,
+        score=outcome.score if outcome is not None and error is None else 0.0,
+        error=error,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def give_answer(episode: Episode, value: Any) -> StepResult:
+    """The episode's verdict on the agent's answer: a task file scores the value as returned;
+    any other suite that takes a text reply reads it as text."""
+    if isinstance(episode, TaskFileEpisode):
+        return episode.answer(value)
+    return episode.reply(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+
+
+def _call_with_timeout(fn: Any, args: tuple[Any, ...], out: dict[str, Any], timeout_s: float) -> bool:
+    """Run `fn(*args)` on a thread of its own; its return goes to out['value'], a raise to
+    out['error'] (with the traceback). False when it ran past `timeout_s` (the thread is left
+    to end on its own: the endpoint refuses its calls once the rollout is closed)."""
+
+    def target() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - the agent's: kept with its traceback
+            out["error"] = f"the agent raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+
+    thread = threading.Thread(target=target, name="your-agent", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return not thread.is_alive()
+
+
+def prompt_record(calls: list[Call]) -> PromptRecord | None:
+    """The fixed part of the first call as forwarded: the system text (the agent's, with the
+    policy's), the first user message, the tools offered."""
+    first = next((c for c in calls if c.sent), None)
+    if first is None:
+        return None
+    messages = first.sent.get("messages") or []
+    system = next(
+        (text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer")), ""
+    )
+    user = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    return PromptRecord(
+        system=system,
+        task=user,
+        first_observation=user,
+        tools=list(first.sent.get("tools") or []),
+        window=len(calls),
+    )
+
+
+def steps_of(calls: list[Call]) -> list[Step]:
+    """One step per recorded call, in order; a call's tool result is what the agent sent back
+    for it in the next call (a tool message with its id, else the next call's new messages)."""
+    steps = []
+    for i, c in enumerate(calls):
+        messages = c.request.get("messages") or []
+        text, tool_call, call_id = reply_call(c.reply)
+        usage = (c.reply or {}).get("usage") or {}
+        step = Step(
+            index=i,
+            observation=latest_observation(messages),
+            message=text,
+            tool_call=tool_call,
+            error=c.error,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            seconds=c.seconds,
+            rules=list(c.fired),
+            menu=c.menu,
+        )
+        if i + 1 < len(calls):
+            step.tool_result = _result_of(calls[i + 1].request.get("messages") or [], call_id)
+        steps.append(step)
+    return steps
+
+
+def _result_of(messages: list[dict[str, Any]], call_id: str | None) -> str:
+    for m in messages:
+        if m.get("role") == "tool" and call_id is not None and m.get("tool_call_id") == call_id:
+            return text_of(m.get("content"))
+    return latest_observation(messages)

@@ -1,0 +1,152 @@
+"""The intervention endpoint: an OpenAI-compatible API in front of the real model.
+
+An agent's base URL names its rollout: `http://127.0.0.1:PORT/r/<key>/v1` (or the header
+`X-Ratchet-Rollout: <key>` on `/v1`). Each chat completion of a rollout is recorded
+(`endpoint/recording.py`) and forwarded with the live policy of the arm the rollout plays
+(`endpoint/apply.py`). A request without a key is forwarded unchanged and counted as
+unattributed; a key the endpoint does not know (or a rollout already closed) is refused
+with 404, so a late call never lands in another rollout. Streaming: the reply is produced
+whole and sent as one SSE chunk and a finish chunk, which OpenAI clients read as a stream.
+Loopback only, like the model server behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ratchet.endpoint.apply import apply_policy, latest_observation, reply_call
+from ratchet.endpoint.recording import Call, Recording, Rollouts
+from ratchet.server.app import sse_chunks
+from ratchet.types import ToolCall
+
+log = logging.getLogger(__name__)
+
+KEY_HEADER = "x-ratchet-rollout"
+MAX_BODY = 16 * 1024 * 1024  # a request larger than this is refused, not read into memory
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
+
+
+def create_app(rollouts: Rollouts, upstream: str, api_key: str, timeout_s: float) -> FastAPI:
+    """The endpoint over `upstream` (an OpenAI-compatible base URL, …/v1)."""
+    app = FastAPI(title="ratchet intervention endpoint")
+    headers = {"Authorization": f"Bearer {api_key}"}
+    client = httpx.AsyncClient(base_url=upstream.rstrip("/"), headers=headers, timeout=timeout_s)
+    app.state.client = client
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "open_rollouts": len(rollouts),
+            "unattributed": rollouts.unattributed,
+            "refused": rollouts.refused,
+        }
+
+    @app.get("/v1/models")
+    @app.get("/r/{key}/v1/models")
+    async def models(key: str = "") -> Response:
+        got = await client.get("/models")
+        return Response(got.content, got.status_code, media_type="application/json")
+
+    @app.post("/v1/chat/completions")
+    async def chat_unkeyed(request: Request) -> Response:
+        return await _chat(request, request.headers.get(KEY_HEADER, ""))
+
+    @app.post("/r/{key}/v1/chat/completions")
+    async def chat_keyed(key: str, request: Request) -> Response:
+        return await _chat(request, key)
+
+    async def _chat(request: Request, key: str) -> Response:
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            return _error(413, f"request body over {MAX_BODY} bytes")
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            return _error(400, f"request body is not JSON: {exc.msg}")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _error(400, "a chat completion needs 'messages', a list")
+        if not key:
+            rollouts.unattributed += 1
+            log.warning("unattributed model call (no rollout key): forwarded unchanged, not recorded")
+            return await _forward(body, stream=bool(body.get("stream")))
+        rec = rollouts.get(key)
+        if rec is None:
+            rollouts.refused += 1
+            return _error(
+                404, "unknown or closed rollout key: a call made after its task ended", "not_found_error"
+            )
+        call = rec.begin(body)
+        if call is None:
+            if rec.budget_spent:
+                return _error(
+                    400, f"step budget spent: this rollout may make {rec.arm.max_steps} model calls"
+                )
+            rollouts.refused += 1
+            return _error(
+                404, "unknown or closed rollout key: a call made after its task ended", "not_found_error"
+            )
+        return await _recorded(rec, call, body)
+
+    async def _recorded(rec: Recording, call: Call, body: dict[str, Any]) -> Response:
+        started = time.perf_counter()
+        with rec.lock:
+            index = rec.calls.index(call)
+            earlier = _earlier(rec.calls[:index])
+        try:
+            call.sent, call.fired, call.menu = apply_policy(body, rec.arm, index, earlier)
+        except Exception as exc:  # noqa: BLE001 - a malformed tool or message is the caller's
+            call.error = f"malformed request: {type(exc).__name__}: {exc}"
+            return _error(400, call.error)
+        try:
+            got = await client.post("/chat/completions", json=call.sent)
+        except httpx.HTTPError as exc:
+            call.error = rec.upstream_error = f"model endpoint unreachable: {type(exc).__name__}: {exc}"
+            return _error(502, call.error, "server_error")
+        finally:
+            call.seconds = time.perf_counter() - started
+        if got.status_code >= 400:
+            call.error = f"model endpoint answered {got.status_code}: {got.text[:300]}"
+            if got.status_code >= 500:
+                rec.upstream_error = call.error
+            return Response(got.content, got.status_code, media_type="application/json")
+        try:
+            call.reply = got.json()
+        except ValueError:
+            call.error = rec.upstream_error = f"model endpoint answered what is not JSON: {got.text[:200]!r}"
+            return _error(502, call.error, "server_error")
+        if body.get("stream"):
+            return StreamingResponse(sse_chunks(call.reply), media_type="text/event-stream")
+        return JSONResponse(call.reply)
+
+    async def _forward(body: dict[str, Any], stream: bool) -> Response:
+        sent = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        try:
+            got = await client.post("/chat/completions", json=sent)
+        except httpx.HTTPError as exc:
+            return _error(502, f"model endpoint unreachable: {type(exc).__name__}: {exc}", "server_error")
+        if got.status_code >= 400 or not stream:
+            return Response(got.content, got.status_code, media_type="application/json")
+        return StreamingResponse(sse_chunks(got.json()), media_type="text/event-stream")
+
+    return app
+
+
+def _earlier(calls: list[Call]) -> list[tuple[str, ToolCall]]:
+    """(observation, call) of each earlier call that called a tool, for the `no_repeat` rule."""
+    out = []
+    for c in calls:
+        _, tool_call, _ = reply_call(c.reply)
+        if tool_call is not None:
+            out.append((latest_observation(c.request.get("messages") or []), tool_call))
+    return out

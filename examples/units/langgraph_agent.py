@@ -1,0 +1,44 @@
+"""A LangGraph agent: `create_react_agent` over one tool, as LangGraph's docs build one.
+
+ratchet calls `build(base_url)` once per task and invokes the graph it returns with
+`{"messages": [question]}`; the last message is the answer. The only change ratchet needs is
+the chat model's `base_url`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.prebuilt import create_react_agent
+from units import convert as convert_units
+
+MODEL = os.environ.get("AGENT_MODEL", "smollm2-135m-instruct")
+PROMPT = (
+    "You answer unit conversion questions. Call the convert tool with the number and the two "
+    "units from the question, then reply with the result."
+)
+
+
+@tool
+def convert(value: float, from_unit: str, to_unit: str) -> str:
+    """Convert a quantity from one unit to another."""
+    return convert_units(value, from_unit, to_unit)
+
+
+def build(base_url: str | None = None):
+    model = ChatOpenAI(
+        model=MODEL,
+        base_url=base_url,
+        api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
+        max_tokens=64,
+    )
+    return create_react_agent(model, [convert], prompt=PROMPT)
+
+
+if __name__ == "__main__":
+    graph = build(os.environ.get("OPENAI_BASE_URL"))
+    print(
+        graph.invoke({"messages": [("user", "How many meters are in 3 kilometers?")]})["messages"][-1].content
+    )

@@ -1,0 +1,231 @@
+"""A suite from a user's own data: a JSONL file of task inputs and a scoring function.
+
+Each line is a JSON object with `input` (what the agent is given: text, or any JSON value)
+and optionally `id` (else the hash of the input names the item) and any other fields the
+scoring function reads (a reference answer, say). The split of an item is fixed by a hash of
+its id, 40% train, 30% dev, 30% test, so adding lines never moves an item to another split.
+
+The scoring function is named `module:function` and called as `score(item, answer)`: the
+whole JSON object and the agent's answer (a string from ratchet's own actor; whatever your
+agent returned otherwise). It returns a bool, or a pair `(bool, score)`. Anything else, or
+an exception, ends that rollout as an error whose one line names the task and the function.
+
+An episode offers no tools: the agent answers in words (ratchet's actor replies once; your
+own agent, `agents/your_agent.py`, returns its answer), and the answer is scored.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ratchet.config import TaskFileSettings, task_file_suite_name
+from ratchet.errors import RatchetError, one_line
+from ratchet.hashing import content_hash
+from ratchet.suites.base import ActionError, Episode, StepResult, Suite
+from ratchet.types import SPLITS, Split, Task, TaskKey, ToolCall, ToolSpec
+
+SHARES: dict[Split, int] = {"train": 40, "dev": 30, "test": 30}  # of 100 buckets of an id's hash
+
+
+class TaskFileError(RatchetError):
+    """The task file or its scoring function cannot be used."""
+
+
+class ScoreError(RatchetError):
+    """The scoring function raised, or returned what is not a verdict, on one task."""
+
+
+def load_entry(spec: str, what: str) -> Callable[..., Any]:
+    """The callable `module:attribute` names, imported with the working directory on the path
+    (as `python -m` would): one line naming `what` when it cannot be had."""
+    module, _, attr = spec.partition(":")
+    here = str(Path.cwd())
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:  # noqa: BLE001 - the user's module: its failure is one line
+        raise TaskFileError(
+            f"cannot load {what} {spec!r}: {type(exc).__name__}: {one_line(str(exc))}",
+            "check the module is importable from the working directory and names that function",
+        ) from None
+    if not callable(obj):
+        raise TaskFileError(f"{what} {spec!r} is not callable", "name a function")
+    return obj
+
+
+def verdict(value: Any) -> tuple[bool, float] | None:
+    """A scoring function's return as (success, score); None when it is neither a bool nor a
+    (bool, finite number) pair."""
+    if isinstance(value, bool):
+        return value, float(value)
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], bool)
+        and isinstance(value[1], int | float)
+        and not isinstance(value[1], bool)
+        and math.isfinite(value[1])
+    ):
+        return value[0], float(value[1])
+    return None
+
+
+class TaskFileEpisode(Episode):
+    """One item: the input is the observation; the answer (a text reply) is scored."""
+
+    text_replies = "always"
+
+    def __init__(self, task: Task, suite: TaskFileSuite) -> None:
+        super().__init__(task)
+        self.suite = suite
+
+    def reset(self) -> StepResult:
+        return StepResult(observation=self.task.instruction)
+
+    def tools(self) -> list[ToolSpec]:
+        return []
+
+    def step(self, call: ToolCall) -> StepResult:
+        raise ActionError("this task takes an answer in words, not a tool call")
+
+    def reply(self, text: str) -> StepResult:
+        return self.answer(text)
+
+    def answer(self, answer: Any) -> StepResult:
+        """Score `answer` (any value the agent returned); the episode ends either way."""
+        success, score = self.suite.score(self.task, answer)
+        return StepResult(observation="", done=True, success=success, score=score)
+
+
+class TaskFileSuite(Suite):
+    """The tasks of one JSONL file (`tasks.file`), scored by `tasks.score`."""
+
+    name = "tasks"
+    description = "your own tasks: a JSONL file of inputs and a scoring function"
+    key_type: ClassVar[type[str]] = str
+
+    def __init__(self, settings: TaskFileSettings) -> None:
+        if settings.file is None:
+            raise TaskFileError("no task file is set", "set tasks.file to a .jsonl file")
+        self.settings = settings
+        self.path = settings.file
+        subset = task_file_suite_name(self.path).partition(":")[2]
+        self.default_subsets = (subset,)
+        super().__init__([subset])
+
+    @cached_property
+    def items(self) -> dict[str, dict[str, Any]]:
+        """Every item by id, in file order; a malformed file is one line naming the line."""
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TaskFileError(f"cannot read task file {self.path}: {exc}", "check tasks.file") from None
+        items: dict[str, dict[str, Any]] = {}
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"task file {self.path}, line {n}"
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TaskFileError(
+                    f"{where} is not JSON: {exc.msg}", "write one JSON object per line"
+                ) from None
+            if not isinstance(item, dict) or "input" not in item:
+                raise TaskFileError(f"{where} has no 'input'", 'write objects like {"input": ..., "id": ...}')
+            key = item.get("id", content_hash(item["input"], length=12))
+            if not isinstance(key, str | int) or isinstance(key, bool) or str(key) != str(key).strip():
+                raise TaskFileError(f"{where}: 'id' must be a string or an integer without spaces around it")
+            key = str(key)
+            if not key or any(c in key for c in "\n\r"):
+                raise TaskFileError(f"{where}: 'id' must be one non-empty line")
+            if key in items:
+                raise TaskFileError(f"{where} repeats id {key!r}", "give every item its own id")
+            items[key] = item
+        if not items:
+            raise TaskFileError(f"task file {self.path} holds no task", "write one JSON object per line")
+        return items
+
+    @cached_property
+    def scorer(self) -> Callable[..., Any]:
+        return load_entry(self.settings.score, "scoring function")
+
+    @cached_property
+    def by_split(self) -> dict[Split, list[str]]:
+        out: dict[Split, list[str]] = {s: [] for s in SPLITS}
+        for key in self.items:
+            out[split_of(key)].append(key)
+        return out
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        """The file's content and the scoring function's name: another file is another suite."""
+        return content_hash(
+            [self.settings.score, self.path.read_bytes().decode("utf-8", "replace")], length=12
+        )
+
+    def check(self) -> None:
+        self.items  # noqa: B018 - read now: a malformed file is one line before anything runs
+        self.scorer  # noqa: B018
+
+    def split_sizes(self, subset: str) -> dict[Split, int | None]:
+        return {s: len(ids) for s, ids in self.by_split.items()}
+
+    def split_seeds(self, subset: str, split: Split, n: int) -> Sequence[TaskKey]:
+        ids = self.by_split[split]
+        if n > len(ids):
+            raise ValueError(
+                f"task file {self.path} has {len(ids)} {split} tasks (its items split 40/30/30 "
+                f"by a hash of their ids), asked for {n}: set splits.{split} to at most {len(ids)}"
+            )
+        return ids[:n]
+
+    def make_task(self, subset: str, split: Split, seed: TaskKey) -> Task:
+        key = str(seed)
+        item = self.items.get(key)
+        if item is None or split_of(key) != split:
+            raise ValueError(f"task file {self.path} has no {split} item {key!r}")
+        raw = item["input"]
+        text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
+        return self.new_task(
+            subset, split, key, instruction=text, max_steps=self.settings.max_steps, spec={"input": raw}
+        )
+
+    def episode(self, task: Task) -> TaskFileEpisode:
+        return TaskFileEpisode(task, self)
+
+    def score(self, task: Task, answer: Any) -> tuple[bool, float]:
+        """The scoring function's verdict on `answer`; a raise or a non-verdict is one line."""
+        item = self.items[str(task.seed)]
+        name = self.settings.score
+        try:
+            value = self.scorer(item, answer)
+        except Exception as exc:  # noqa: BLE001 - the user's function: its failure is one line
+            raise ScoreError(
+                f"scoring function {name} raised {type(exc).__name__} on task {task.id}: {one_line(str(exc))}"
+            ) from None
+        found = verdict(value)
+        if found is None:
+            raise ScoreError(
+                f"scoring function {name} returned {type(value).__name__} {value!r:.60} on task {task.id}",
+                "return a bool, or a pair (bool, score)",
+            )
+        return found
+
+
+def split_of(key: str) -> Split:
+    """An item's split, from a hash of its id alone."""
+    bucket = int(content_hash(["task-file-split", key], length=8), 16) % 100
+    if bucket < SHARES["train"]:
+        return "train"
+    return "dev" if bucket < SHARES["train"] + SHARES["dev"] else "test"
