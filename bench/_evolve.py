@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,7 +182,12 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def run(opts: EvolveOptions) -> int | None:
+def run(
+    opts: EvolveOptions, settings_of: Callable[[str, Path, EvolveOptions], Settings] | None = None
+) -> int | None:
+    """Run (or report) `ratchet evolve` on each target; `settings_of(target, data, opts)`
+    gives a target's settings (default `target_settings`: the target is a suite spec)."""
+    settings_of = settings_of or target_settings
     if opts.redraw is not None:
         doc = json.loads(opts.redraw.read_text())
         print(table(doc["results"]))
@@ -194,7 +200,7 @@ def run(opts: EvolveOptions) -> int | None:
 
         results = {}
         for t in opts.targets:
-            settings = target_settings(t, opts.data, opts)
+            settings = settings_of(t, opts.data, opts)
             results[t] = report_rows(Journal.load(settings), settings)
         write_results(opts, results, wall_seconds=None)
         return None
@@ -206,12 +212,12 @@ def run(opts: EvolveOptions) -> int | None:
     print(f"data: {data}", flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
     started = time.perf_counter()
-    dtype = target_settings(opts.targets[0], data, opts).model.dtype  # the server plays what settings say
+    dtype = settings_of(opts.targets[0], data, opts).model.dtype  # the server plays what settings say
     with embedded_server(data / "logs", dtype=dtype) as url:
         from ratchet.flows.evolve import check_settings, evolve_flow
 
         for target in opts.targets:
-            settings = target_settings(target, data, opts)
+            settings = settings_of(target, data, opts)
             check_settings(settings)
             results[target] = report_rows(evolve_flow(settings=settings, base_url=url), settings)
     write_results(opts, results, wall_seconds=time.perf_counter() - started)

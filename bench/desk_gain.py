@@ -21,6 +21,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,13 +86,15 @@ def run(opts: Options) -> None:
         add_versus(opts)
 
 
-def add_versus(opts: Options) -> None:
+def add_versus(
+    opts: EvolveOptions, settings_of: Callable[[str, Path, EvolveOptions], Any] = target_settings
+) -> None:
     """Each generation against generation 0 on the same test tasks, printed and added to
-    the results file."""
+    the results file (`settings_of` as `bench._evolve.run` takes it)."""
     assert opts.data is not None
     tests = {}
     for target in opts.targets:
-        settings = target_settings(target, opts.data, opts)
+        settings = settings_of(target, opts.data, opts)
         tests[target] = [versus_first(settings, 0, g) for g in range(1, opts.generations + 1)]
         for v in tests[target]:
             print(

@@ -43,7 +43,7 @@ from ratchet.endpoint.serve import InterventionEndpoint
 from ratchet.errors import RatchetError, TransientModelError
 from ratchet.suites.base import Episode, StepResult, Suite
 from ratchet.suites.task_file import TaskFileEpisode, load_entry
-from ratchet.types import PromptRecord, Step, Task, Trajectory
+from ratchet.types import PromptRecord, RecordedCall, Step, Task, Trajectory
 
 
 class AgentError(RatchetError):
@@ -189,11 +189,40 @@ def prompt_record(calls: list[Call]) -> PromptRecord | None:
     )
 
 
+def recorded_calls(calls: list[Call]) -> list[RecordedCall | None]:
+    """Each call as forwarded, stored as what it added to the previous one (None: not
+    forwarded, or no reply: nothing to learn from)."""
+    out: list[RecordedCall | None] = []
+    before: list[dict[str, Any]] = []
+    tools_before: list[dict[str, Any]] | None = None
+    for c in calls:
+        messages = list(c.sent.get("messages") or [])
+        try:
+            reply = (c.reply or {})["choices"][0]["message"] or {}
+        except (KeyError, IndexError, TypeError):
+            reply = {}
+        if not messages or not reply:
+            out.append(None)
+            continue
+        tools = list(c.sent.get("tools") or [])
+        continues = bool(before) and messages[: len(before)] == before
+        out.append(
+            RecordedCall(
+                messages=messages[len(before) :] if continues else messages,
+                continues=continues,
+                tools=None if tools == tools_before else tools,
+                reply={k: v for k, v in reply.items() if v is not None},
+            )
+        )
+        before, tools_before = messages, tools
+    return out
+
+
 def steps_of(calls: list[Call]) -> list[Step]:
     """One step per recorded call, in order; a call's tool result is what the agent sent back
     for it in the next call (a tool message with its id, else the next call's new messages)."""
     steps = []
-    for i, c in enumerate(calls):
+    for i, (c, recorded) in enumerate(zip(calls, recorded_calls(calls), strict=True)):
         messages = c.request.get("messages") or []
         text, tool_call, call_id = reply_call(c.reply)
         usage = (c.reply or {}).get("usage") or {}
@@ -208,6 +237,7 @@ def steps_of(calls: list[Call]) -> list[Step]:
             seconds=c.seconds,
             rules=list(c.fired),
             menu=c.menu,
+            call=recorded,
         )
         if i + 1 < len(calls):
             step.tool_result = _result_of(calls[i + 1].request.get("messages") or [], call_id)

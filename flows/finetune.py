@@ -157,9 +157,6 @@ def finetune_stage(rt: LoopRuntime, generation: int, who: str = "finetune") -> F
     counts = dict(data.counts)
     if finetune_mode(s) == "off":  # the live adapter, if any, stays live
         return FinetuneResult("skipped", "finetune.mode = 'off'", data.version, counts)
-    if s.agent.entry:  # recorded calls are the agent's own prompts, not the actor's format
-        why = "your agent's recorded calls are not used as training data yet (docs/your-agent.md)"
-        return FinetuneResult("skipped", why, data.version, counts)
     if mlflow.active_run() is not None:
         mlflow.log_metrics({f"finetune_data_{k}": float(v) for k, v in counts.items()})
     if finetune_mode(s) == "export":

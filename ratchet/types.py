@@ -69,6 +69,24 @@ class ToolCall(BaseModel):
 NO_TOOL_CALL = "no tool call"  # the error of a step whose reply called no tool where one was needed
 
 
+class RecordedCall(BaseModel):
+    """A model call of your own agent, as the intervention endpoint forwarded it (after the
+    policy): enough to rebuild the exact prompt, so the call is training data like the actor's.
+    Stored as what it added to the previous call, so a long conversation is not stored again
+    at every step."""
+
+    messages: list[dict[str, Any]] = Field(
+        description="the messages after the previous call's (all of them if not `continues`)"
+    )
+    continues: bool = Field(default=False, description="the previous call's messages come first, unchanged")
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="the tools offered; None: the previous call's"
+    )
+    reply: dict[str, Any] = Field(
+        default_factory=dict, description="the assistant message the model returned"
+    )
+
+
 class Step(BaseModel):
     """One turn: what the agent saw, what the model said, which tool it called, what came back."""
 
@@ -89,6 +107,9 @@ class Step(BaseModel):
     menu: list[str] | None = Field(
         default=None,
         description="tools offered before the policy's rules (`skills.rules.menu_entries`); None: unknown",
+    )
+    call: RecordedCall | None = Field(
+        default=None, description="your agent's model call as sent (`endpoint/`); None: the actor's step"
     )
     budget: int = Field(
         default=1,

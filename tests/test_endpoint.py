@@ -398,4 +398,57 @@ def test_a_langgraph_react_agent_plays_through_the_endpoint(
     assert traj.status == "finished", traj.error
     assert traj.steps[0].observation == slot.task.instruction and traj.steps[0].rules == ["tasks-args"]
     assert traj.prompt is not None and "unit conversion" in traj.prompt.system
-    assert traj.steps[0].tool_call is None or traj.steps[0].tool_call.name == "convert"
+    first = traj.steps[0].tool_call  # the example binds tool_choice="required"
+    assert first is not None and first.name in ("convert", "list_units")
+
+
+def test_recorded_calls_replay_into_the_exact_prompts_forwarded_as_training_examples() -> None:
+    from ratchet.training.examples import replay
+    from tests.factories import traj as make_trajectory
+
+    system = {"role": "system", "content": "You convert.\n\nSkills you have learned: ..."}
+    first = [system, {"role": "user", "content": "3 km in m?"}]
+    assistant = {
+        "role": "assistant",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "convert", "arguments": "{}"}}],
+    }
+    second = [*first, assistant, {"role": "tool", "tool_call_id": "c1", "content": "3 km = 3000 m"}]
+    rewritten = [system, {"role": "user", "content": "Answer in one number."}]  # history not kept
+    args = {"value": 3, "from_unit": "km", "to_unit": "m"}
+    calls = [
+        Call(
+            request={"messages": first},
+            sent={"messages": first, "tools": [CONVERT]},
+            fired=[],
+            menu=None,
+            reply=_reply(call=("convert", args, "c1")),
+        ),
+        Call(
+            request={"messages": second},
+            sent={"messages": second, "tools": [CONVERT]},
+            fired=[],
+            menu=None,
+            reply=_reply("3000 meters"),
+        ),
+        Call(
+            request={"messages": rewritten},
+            sent={"messages": rewritten},
+            fired=[],
+            menu=None,
+            reply=_reply("3000"),
+        ),
+    ]
+    steps = steps_of(calls)
+    assert steps[1].call is not None and steps[1].call.continues and steps[1].call.tools is None
+    assert steps[1].call.messages == second[2:]  # only what it added is stored
+    assert steps[2].call is not None and not steps[2].call.continues and steps[2].call.tools == []
+    traj = make_trajectory([], success=True, task="tasks:units:train:u1").model_copy(update={"steps": steps})
+    examples = replay(traj)  # no prompt record needed: each call carries its own
+    assert [e.messages for e in examples] == [first, second, rewritten]
+    assert [e.tools for e in examples] == [[CONVERT], [CONVERT], []]
+    assert examples[0].target["tool_calls"][0]["function"]["name"] == "convert"
+    assert examples[1].target == {"role": "assistant", "content": "3000 meters"}
+    prompt, target = examples[0].turns()  # rendered as the embedded server renders a request
+    assert (
+        prompt[0]["role"] == "system" and "convert" in prompt[0]["content"] and target["role"] == "assistant"
+    )

@@ -70,6 +70,8 @@ class ChatExample:
 
 def replay(traj: Trajectory) -> list[ChatExample]:
     """Every model call of `traj` that produced a tool call; [] if it has no prompt record."""
+    if any(step.call is not None for step in traj.steps):
+        return recorded(traj)
     rec = traj.prompt
     if rec is None:
         return []
@@ -105,6 +107,29 @@ def replay(traj: Trajectory) -> list[ChatExample]:
         )
         history += turn
         shown = step.tool_result
+    return out
+
+
+def recorded(traj: Trajectory) -> list[ChatExample]:
+    """The model calls of your own agent (`endpoint/`), as the endpoint forwarded them: each
+    call's prompt is rebuilt from what it added to the previous call's, and its reply (a tool
+    call, or the answer in words) is the target."""
+    messages: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = []
+    out: list[ChatExample] = []
+    for step in traj.steps:
+        call = step.call
+        if call is None:
+            continue
+        if not call.continues:
+            messages = []
+        elif not messages:
+            raise ReplayError(f"trajectory {traj.id} step {step.index}: continues a call that was not stored")
+        messages = [*messages, *call.messages]
+        tools = tools if call.tools is None else call.tools
+        target = {k: v for k, v in call.reply.items() if k in ("role", "content", "tool_calls")}
+        if target.get("content") or target.get("tool_calls"):
+            out.append(ChatExample(list(messages), list(tools), target, traj.id, traj.task_id, step.index))
     return out
 
 

@@ -1,4 +1,7 @@
-"""A LangGraph agent: `create_react_agent` over one tool, as LangGraph's docs build one.
+"""A LangGraph agent: `create_react_agent` over two tools, as LangGraph's docs build one.
+
+The model must call a tool each turn (`tool_choice="required"`); `convert` returns directly
+(`return_direct=True`), so its result is the graph's last message and the answer.
 
 ratchet calls `build(base_url)` once per task and invokes the graph it returns with
 `{"messages": [question]}`; the last message is the answer. The only change ratchet needs is
@@ -12,6 +15,7 @@ import os
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.prebuilt import create_react_agent
+from units import UNITS
 from units import convert as convert_units
 
 MODEL = os.environ.get("AGENT_MODEL", "smollm2-135m-instruct")
@@ -21,10 +25,17 @@ PROMPT = (
 )
 
 
-@tool
+@tool(return_direct=True)
 def convert(value: float, from_unit: str, to_unit: str) -> str:
     """Convert a quantity from one unit to another."""
     return convert_units(value, from_unit, to_unit)
+
+
+@tool
+def list_units(kind: str) -> str:
+    """List the units of one kind: length, mass, time or volume."""
+    units = [u for u, (dimension, _) in UNITS.items() if dimension == kind.strip().lower()]
+    return ", ".join(units) if units else "kinds: length, mass, time, volume"
 
 
 def build(base_url: str | None = None):
@@ -34,7 +45,8 @@ def build(base_url: str | None = None):
         api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
         max_tokens=64,
     )
-    return create_react_agent(model, [convert], prompt=PROMPT)
+    tools = [convert, list_units]
+    return create_react_agent(model.bind_tools(tools, tool_choice="required"), tools, prompt=PROMPT)
 
 
 if __name__ == "__main__":

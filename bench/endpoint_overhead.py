@@ -1,0 +1,135 @@
+"""What the intervention endpoint adds to a model call: the same agent-like requests sent to
+the embedded server directly and through the endpoint (a keyed rollout whose policy carries
+an argument constraint, so the request is rewritten as in a real run), at 1 and 8 in flight.
+
+Each request is one step of the units example's agent: its system prompt, a question, the
+`convert` tool, `tool_choice` required. Every request has its own question (no two share a
+prompt past the system message, so the server's prefix cache favours neither side), and
+the two sides alternate within each round, in turn order. Reports the median seconds per
+request and requests per second per side, and the overhead as a share of a step's time.
+
+    .venv/bin/python -m bench endpoint_overhead [--requests 48] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.harness import ROOT, embedded_server, fresh_data_dir, option, write_result
+
+EXAMPLE = ROOT / "examples" / "units"
+
+
+@dataclass
+class Options:
+    requests: int = option(48, "requests per side, per concurrency, per round")
+    rounds: int = option(3)
+    concurrency: list[int] = option([1, 8], nargs="*")
+    name: str = option("endpoint_overhead", "results file name under bench/results")
+
+
+def questions(n: int, offset: int) -> list[str]:
+    lines = (EXAMPLE / "tasks.jsonl").read_text().splitlines()
+    return [json.loads(lines[(offset + i) % len(lines)])["input"] for i in range(n)]
+
+
+def body(question: str) -> dict[str, Any]:
+    import sys
+
+    sys.path.insert(0, str(EXAMPLE))
+    from openai_agent import MODEL, SYSTEM, TOOLS  # the example agent's own request
+
+    return {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "max_tokens": 64,
+        "temperature": 0,
+    }
+
+
+def side(client: httpx.Client, url: str, qs: list[str], concurrency: int) -> tuple[list[float], float]:
+    """Seconds of each request, and the wall time of all of them."""
+
+    def one(q: str) -> float:
+        started = time.perf_counter()
+        got = client.post(url, json=body(q))
+        got.raise_for_status()
+        return time.perf_counter() - started
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        seconds = list(pool.map(one, qs))
+    return seconds, time.perf_counter() - started
+
+
+def run(opts: Options) -> None:
+    from ratchet.endpoint.recording import Arm
+    from ratchet.endpoint.serve import InterventionEndpoint
+    from ratchet.types import ArgConstraint, ConstraintSpec, Policy
+
+    data = fresh_data_dir("ratchet-endpoint-overhead-")
+    units = {"from_unit": ArgConstraint(from_context=True), "to_unit": ArgConstraint(from_context=True)}
+    policy = Policy(
+        model="smollm2-135m-instruct", constraints=(ConstraintSpec(name="units", tools={"convert": units}),)
+    )
+    rows: list[dict[str, Any]] = []
+    with (
+        embedded_server(data / "logs") as url,
+        InterventionEndpoint(url) as ep,
+        httpx.Client(timeout=600) as client,
+    ):
+        side(client, f"{url}/chat/completions", questions(8, 0), 8)  # warm up: compile, first batch
+        offset = 8
+        for r in range(opts.rounds):
+            for c in opts.concurrency:
+                order = ("direct", "endpoint") if r % 2 == 0 else ("endpoint", "direct")
+                for which in order:
+                    qs = questions(opts.requests, offset)
+                    offset += opts.requests
+                    if which == "direct":
+                        target = f"{url}/chat/completions"
+                    else:
+                        rec = ep.rollouts.open(Arm(policy, max_steps=10**6))
+                        target = f"{ep.rollout_url(rec.key)}/chat/completions"
+                    seconds, wall = side(client, target, qs, c)
+                    if which == "endpoint":
+                        ep.rollouts.close(rec)
+                    rows.append(
+                        {
+                            "round": r,
+                            "concurrency": c,
+                            "side": which,
+                            "median_s": statistics.median(seconds),
+                            "requests_per_s": len(qs) / wall,
+                        }
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
+    summary = {}
+    for c in opts.concurrency:
+        per = {
+            s: [x for x in rows if x["concurrency"] == c and x["side"] == s] for s in ("direct", "endpoint")
+        }
+        direct = statistics.median(x["median_s"] for x in per["direct"])
+        via = statistics.median(x["median_s"] for x in per["endpoint"])
+        ratios = [e["median_s"] / d["median_s"] for d, e in zip(per["direct"], per["endpoint"], strict=True)]
+        summary[str(c)] = {
+            "direct_median_s": direct,
+            "endpoint_median_s": via,
+            "overhead_share": statistics.median(ratios) - 1,
+            "ratio_per_round": ratios,
+            "direct_rps": statistics.median(x["requests_per_s"] for x in per["direct"]),
+            "endpoint_rps": statistics.median(x["requests_per_s"] for x in per["endpoint"]),
+        }
+        share = summary[str(c)]["overhead_share"]
+        print(f"{c} in flight: direct {direct:.3f} s, endpoint {via:.3f} s, overhead {share:+.1%}")
+    write_result(opts.name, {"rows": rows, "summary": summary, "data": str(Path(data))}, opts)
