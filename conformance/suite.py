@@ -496,7 +496,7 @@ def version_is_stable(suite: Suite, n: int) -> str:
     """The version recorded with every rollout is set and the same for a new instance."""
     version = suite.version
     _require(bool(version), "Suite.version is empty")
-    other = type(suite)(suite.subsets)
+    other = suite.new_instance()
     try:
         _require(other.version == version, f"two instances give versions {version} and {other.version}")
     finally:

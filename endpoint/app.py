@@ -67,13 +67,16 @@ def create_app(rollouts: Rollouts, upstream: str, api_key: str, timeout_s: float
         return await _chat(request, key)
 
     async def _chat(request: Request, key: str) -> Response:
+        declared = request.headers.get("content-length", "0")
+        if not declared.isdigit() or int(declared) > MAX_BODY:  # refused before it is read
+            return _error(413, f"request body over {MAX_BODY} bytes (or a malformed length)")
         raw = await request.body()
-        if len(raw) > MAX_BODY:
+        if len(raw) > MAX_BODY:  # a chunked body declares no length
             return _error(413, f"request body over {MAX_BODY} bytes")
         try:
             body = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            return _error(400, f"request body is not JSON: {exc.msg}")
+        except (ValueError, RecursionError) as exc:  # not JSON, bytes that are no text, nested past reason
+            return _error(400, f"request body is not JSON: {type(exc).__name__}")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return _error(400, "a chat completion needs 'messages', a list")
         if not key:

@@ -184,6 +184,11 @@ class Suite(ABC):
         evolution. Declared, or a hash of the suite's code and its distribution's version."""
         return self.declared_version or code_version(type(self))
 
+    def new_instance(self) -> Suite:
+        """Another instance of this suite, built as this one was (the conformance kit checks
+        that two instances agree on the version)."""
+        return type(self)(self.subsets)
+
     @classmethod
     def available_subsets(cls) -> list[str]:
         return list(cls.default_subsets)

@@ -123,6 +123,9 @@ class TaskFileSuite(Suite):
         self.default_subsets = (subset,)
         super().__init__([subset])
 
+    def new_instance(self) -> TaskFileSuite:
+        return type(self)(self.settings)
+
     @cached_property
     def items(self) -> dict[str, dict[str, Any]]:
         """Every item by id, in file order; a malformed file is one line naming the line."""
@@ -167,8 +170,8 @@ class TaskFileSuite(Suite):
             out[split_of(key)].append(key)
         return out
 
-    @property
-    def version(self) -> str:  # type: ignore[override]
+    @cached_property
+    def version(self) -> str:
         """The file's content and the scoring function's name: another file is another suite."""
         return content_hash(
             [self.settings.score, self.path.read_bytes().decode("utf-8", "replace")], length=12

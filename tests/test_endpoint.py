@@ -452,3 +452,129 @@ def test_recorded_calls_replay_into_the_exact_prompts_forwarded_as_training_exam
     assert (
         prompt[0]["role"] == "system" and "convert" in prompt[0]["content"] and target["role"] == "assistant"
     )
+
+
+# ---------------------------------------------------------------- hostile requests
+
+
+@pytest.fixture
+def offline_endpoint() -> Any:
+    """An endpoint whose model is unreachable (a port nothing listens on): what it refuses,
+    it refuses before forwarding."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    with InterventionEndpoint(dead, timeout_s=5) as ep:
+        yield ep
+
+
+def test_the_endpoint_listens_on_loopback_only(offline_endpoint: InterventionEndpoint) -> None:
+    assert offline_endpoint.url.startswith("http://127.0.0.1:")
+    assert offline_endpoint._sock.getsockname()[0] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "says"),
+    [
+        (b"{not json", 400, "not JSON"),
+        (b"[1, 2]", 400, "needs 'messages'"),
+        (b'{"messages": "hi"}', 400, "needs 'messages'"),
+        (b'{"model": "m"}', 400, "needs 'messages'"),
+        (b"\xff\xfe", 400, "not JSON"),
+        (b"\x80\x81{}", 400, "not JSON"),
+        (b'{"messages": [' * 20000, 400, "not JSON"),
+    ],
+)
+def test_malformed_bodies_are_refused_and_record_nothing(
+    offline_endpoint: InterventionEndpoint, payload: bytes, status: int, says: str
+) -> None:
+    rec = offline_endpoint.rollouts.open(_arm())
+    got = httpx.post(f"{offline_endpoint.rollout_url(rec.key)}/chat/completions", content=payload)
+    assert got.status_code == status and says in got.json()["error"]["message"]
+    assert rec.calls == []
+
+
+def test_an_oversized_body_is_refused(offline_endpoint: InterventionEndpoint) -> None:
+    rec = offline_endpoint.rollouts.open(_arm())
+    huge = json.dumps({"messages": [{"role": "user", "content": "x" * (17 * 1024 * 1024)}]})
+    got = httpx.post(f"{offline_endpoint.rollout_url(rec.key)}/chat/completions", content=huge, timeout=60)
+    assert got.status_code == 413 and rec.calls == []
+
+
+@pytest.mark.parametrize(
+    "tools",
+    [
+        "convert",
+        [{"type": "function", "function": {"name": 5}}],
+        [{"type": "function", "function": {"name": "f", "parameters": "not a schema"}}],
+        [None, 3],
+        [{"type": "code_interpreter"}],
+    ],
+)
+def test_hostile_tool_lists_never_break_the_endpoint(
+    offline_endpoint: InterventionEndpoint, tools: Any
+) -> None:
+    """Tools the policy cannot read are passed on as sent (the model server judges them): the
+    endpoint neither crashes nor rewrites what it does not understand."""
+    arm = _arm(constraints=(UNITS_CONSTRAINT,), rules=(RuleSpec(name="r", avoid=("convert: *",)),))
+    sent, fired, menu = apply_policy(
+        {"messages": [{"role": "user", "content": "hi"}], "tools": tools}, arm, 0, []
+    )
+    assert sent["tools"] == tools and fired == [] and menu is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/r/{wrong}/v1/chat/completions",
+        "/r/{prefix}/v1/chat/completions",
+        "/r/{key}%2F..%2F/v1/chat/completions",
+        "/r//v1/chat/completions",
+        "/r/{key}/../{other}/v1/chat/completions",
+    ],
+)
+def test_a_guessed_or_mangled_key_never_lands_in_a_rollout(
+    offline_endpoint: InterventionEndpoint, path: str
+) -> None:
+    rec = offline_endpoint.rollouts.open(_arm())
+    other = offline_endpoint.rollouts.open(_arm())
+    url = offline_endpoint.url + path.format(
+        wrong="x" * len(rec.key), prefix=rec.key[:-1], key=rec.key, other=other.key
+    )
+    got = httpx.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert got.status_code in (404, 405, 502) and rec.calls == []
+    # the dot-segment is resolved by the client or the router: at most the other rollout is named,
+    # with the key it was given, and never the first one's
+    assert all(c.request["messages"][0]["content"] == "hi" for c in other.calls)
+
+
+def test_a_path_key_wins_over_a_header_key(offline_endpoint: InterventionEndpoint) -> None:
+    rec = offline_endpoint.rollouts.open(_arm())
+    other = offline_endpoint.rollouts.open(_arm())
+    httpx.post(
+        f"{offline_endpoint.rollout_url(rec.key)}/chat/completions",
+        headers={"X-Ratchet-Rollout": other.key},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert len(rec.calls) == 1 and other.calls == []
+
+
+def test_an_unreachable_model_is_a_retried_rollout_not_an_agent_error(
+    offline_endpoint: InterventionEndpoint, units: TaskFileSuite
+) -> None:
+    from ratchet.agents.model import is_transient
+
+    agent = YourAgent(AgentSettings(entry="openai_agent:run"))
+    with pytest.raises(Exception) as err:
+        run_agent_rollout(agent, units, _slot(units), offline_endpoint, _arm())
+    assert is_transient(err.value) and "unreachable" in str(err.value)
+    assert len(offline_endpoint.rollouts) == 0  # closed: a late retry of the client lands nowhere
+
+
+def test_a_task_file_passes_the_conformance_kit(units: TaskFileSuite) -> None:
+    from ratchet.conformance import check_suite
+
+    failed = [r for r in check_suite(units, tokenizer=lambda text: len(text.split())) if not r.ok]
+    assert failed == []
