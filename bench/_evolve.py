@@ -118,9 +118,9 @@ def random_levels(settings: Settings, rows: list[Any]) -> dict[int, dict[str, An
     from ratchet.agents.baselines import baselines, versus_random
     from ratchet.flows.rollouts import summarize
     from ratchet.memory.trajectory_store import open_store
-    from ratchet.suites import get_suite
+    from ratchet.suites import suite_from
 
-    suite = get_suite(settings.suite)
+    suite = suite_from(settings)
     try:
         tasks = suite.tasks("test", settings.splits.test)
         levels = baselines(suite, tasks, settings.evaluate.baseline_seeds, settings.max_steps)

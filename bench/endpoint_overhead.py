@@ -1,6 +1,10 @@
 """What the intervention endpoint adds to a model call: the same agent-like requests sent to
-the embedded server directly and through the endpoint (a keyed rollout whose policy carries
-an argument constraint, so the request is rewritten as in a real run), at 1 and 8 in flight.
+the embedded server directly and through the endpoint, at 1 and 8 in flight.
+
+Three sides: `direct`; `endpoint`, a keyed rollout whose policy changes nothing in the
+request (the endpoint's own cost: the hop, parsing, recording); `constrained`, a policy with
+an argument constraint (what a live constraint costs on top: a schema with an enum of the
+question's words, a grammar the server compiles per question).
 
 Each request is one step of the units example's agent: its system prompt, a question, the
 `convert` tool, `tool_choice` required. Every request has its own question (no two share a
@@ -31,7 +35,7 @@ EXAMPLE = ROOT / "examples" / "units"
 @dataclass
 class Options:
     requests: int = option(48, "requests per side, per concurrency, per round")
-    rounds: int = option(3)
+    rounds: int = option(3, "rounds (3: each side goes first once)")
     concurrency: list[int] = option([1, 8], nargs="*")
     name: str = option("endpoint_overhead", "results file name under bench/results")
 
@@ -79,9 +83,14 @@ def run(opts: Options) -> None:
 
     data = fresh_data_dir("ratchet-endpoint-overhead-")
     units = {"from_unit": ArgConstraint(from_context=True), "to_unit": ArgConstraint(from_context=True)}
-    policy = Policy(
-        model="smollm2-135m-instruct", constraints=(ConstraintSpec(name="units", tools={"convert": units}),)
-    )
+    policies = {
+        "endpoint": Policy(model="smollm2-135m-instruct"),
+        "constrained": Policy(
+            model="smollm2-135m-instruct",
+            constraints=(ConstraintSpec(name="units", tools={"convert": units}),),
+        ),
+    }
+    sides = ("direct", *policies)
     rows: list[dict[str, Any]] = []
     with (
         embedded_server(data / "logs") as url,
@@ -92,17 +101,17 @@ def run(opts: Options) -> None:
         offset = 8
         for r in range(opts.rounds):
             for c in opts.concurrency:
-                order = ("direct", "endpoint") if r % 2 == 0 else ("endpoint", "direct")
+                order = sides[r % 3 :] + sides[: r % 3]  # each side first once in three rounds
                 for which in order:
                     qs = questions(opts.requests, offset)
                     offset += opts.requests
                     if which == "direct":
                         target = f"{url}/chat/completions"
                     else:
-                        rec = ep.rollouts.open(Arm(policy, max_steps=10**6))
+                        rec = ep.rollouts.open(Arm(policies[which], max_steps=10**6))
                         target = f"{ep.rollout_url(rec.key)}/chat/completions"
                     seconds, wall = side(client, target, qs, c)
-                    if which == "endpoint":
+                    if which != "direct":
                         ep.rollouts.close(rec)
                     rows.append(
                         {
@@ -114,22 +123,15 @@ def run(opts: Options) -> None:
                         }
                     )
                     print(json.dumps(rows[-1]), flush=True)
-    summary = {}
+    summary: dict[str, Any] = {}
     for c in opts.concurrency:
-        per = {
-            s: [x for x in rows if x["concurrency"] == c and x["side"] == s] for s in ("direct", "endpoint")
-        }
-        direct = statistics.median(x["median_s"] for x in per["direct"])
-        via = statistics.median(x["median_s"] for x in per["endpoint"])
-        ratios = [e["median_s"] / d["median_s"] for d, e in zip(per["direct"], per["endpoint"], strict=True)]
-        summary[str(c)] = {
-            "direct_median_s": direct,
-            "endpoint_median_s": via,
-            "overhead_share": statistics.median(ratios) - 1,
-            "ratio_per_round": ratios,
-            "direct_rps": statistics.median(x["requests_per_s"] for x in per["direct"]),
-            "endpoint_rps": statistics.median(x["requests_per_s"] for x in per["endpoint"]),
-        }
-        share = summary[str(c)]["overhead_share"]
-        print(f"{c} in flight: direct {direct:.3f} s, endpoint {via:.3f} s, overhead {share:+.1%}")
+        per = {w: [x for x in rows if x["concurrency"] == c and x["side"] == w] for w in sides}
+        summary[str(c)] = {f"{w}_median_s": statistics.median(x["median_s"] for x in per[w]) for w in sides}
+        summary[str(c)] |= {f"{w}_rps": statistics.median(x["requests_per_s"] for x in per[w]) for w in sides}
+        for w in policies:  # paired by round: the same load, the same minute
+            ratios = [e["median_s"] / d["median_s"] for d, e in zip(per["direct"], per[w], strict=True)]
+            summary[str(c)][f"{w}_overhead_share"] = statistics.median(ratios) - 1
+            summary[str(c)][f"{w}_ratio_per_round"] = ratios
+        line = ", ".join(f"{w} {summary[str(c)][f'{w}_overhead_share']:+.1%}" for w in policies)
+        print(f"{c} in flight: direct {summary[str(c)]['direct_median_s']:.3f} s per request; {line}")
     write_result(opts.name, {"rows": rows, "summary": summary, "data": str(Path(data))}, opts)

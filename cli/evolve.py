@@ -35,7 +35,8 @@ def print_evolution(settings: Settings, journal: Any) -> None:
         "min",
         title=f"evolution {settings.evolution} · {settings.suite}",
     )
-    for row in journal.rows():
+    rows = journal.rows()
+    for row in rows:
         test = "—"
         if row.test_n:
             lo, hi = row.test_ci95
@@ -53,11 +54,18 @@ def print_evolution(settings: Settings, journal: Any) -> None:
             f"{row.wall_seconds / 60:.1f}",
         )
     console.print(table)
-    console.print(
-        "random/gold: a uniformly random valid action each step and the suite's reference solutions, "
-        "on the same test tasks and step budget (▲: the policy beats random, sign test p ≤ 0.05)",
-        soft_wrap=True,
-    )
+    if any(bar(r) != "—" for r in rows):
+        console.print(
+            "random/gold: a uniformly random valid action each step and the suite's reference solutions, "
+            "on the same test tasks and step budget (▲: the policy beats random, sign test p ≤ 0.05)",
+            soft_wrap=True,
+        )
+    else:  # a task file, a suite without a menu or reference solutions, or baselines off
+        console.print(
+            "random/gold: none for these tasks (no valid actions to pick at random and no reference "
+            "solutions, or evaluate.baseline_seeds = 0): read each generation against generation 0",
+            soft_wrap=True,
+        )
     console.print(f"journal: {journal.path}", soft_wrap=True)
     console.print(
         f"MLflow: mlflow ui --backend-store-uri {settings.mlflow_uri} (experiment "

@@ -44,7 +44,7 @@ from ratchet.skills.library import SkillLibrary, read_audit
 from ratchet.skills.toolbox import Toolbox
 from ratchet.suites import Suite, suite_from
 from ratchet.training.registry import AdapterRegistry, AdapterVersion, may_have_adapters
-from ratchet.types import Policy
+from ratchet.types import SPLITS, Policy, Task
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,9 @@ def your_agent(settings: Settings, suite: Suite) -> YourAgent:
     it can answer: a task file, or a suite whose episodes take an answer in words."""
     agent = YourAgent(settings.agent)
     agent.check()
-    task = suite.tasks("train", 1)[0]
+    task = next(iter(_first_tasks(suite)), None)
+    if task is None:
+        raise ConfigError(f"suite {settings.suite!r} has no task", "give it tasks")
     with suite.episode(task) as episode:
         episode.reset()
         answers = episode.offers_text_reply(0)
@@ -346,6 +348,15 @@ def your_agent(settings: Settings, suite: Suite) -> YourAgent:
             "use a task file (tasks.file) or a suite whose tasks are answered in words",
         )
     return agent
+
+
+def _first_tasks(suite: Suite) -> Iterator[Task]:
+    """The first task of each split that has one."""
+    for split in SPLITS:
+        try:
+            yield from suite.tasks(split, 1)[:1]
+        except ValueError:
+            continue
 
 
 def intervention_endpoint(settings: Settings, url: str) -> InterventionEndpoint:
