@@ -50,10 +50,15 @@ def target_settings(target: str, data: Path, opts: EvolveOptions) -> Settings:
     from ratchet.config import load_settings
 
     return load_settings(
+        {"data_dir": data / target.replace(":", "-"), "evolution": "headline", "suite": target}
+        | run_settings(opts)
+    )
+
+
+def run_settings(opts: EvolveOptions, **defaults: Any) -> dict[str, Any]:
+    """The settings every target of a run shares: its sizes, then `defaults`, then `--set`."""
+    return (
         {
-            "data_dir": data / target.replace(":", "-"),
-            "evolution": "headline",
-            "suite": target,
             "splits.train": opts.train,
             "splits.dev": opts.dev,
             "splits.test": opts.test,
@@ -62,6 +67,7 @@ def target_settings(target: str, data: Path, opts: EvolveOptions) -> Settings:
             "evolve.generations": opts.generations,
             "finetune.mode": opts.finetune,
         }
+        | defaults
         | dict(kv.split("=", 1) for kv in opts.overrides)  # pydantic parses the strings ("0.3", "true")
     )
 

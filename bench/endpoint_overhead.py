@@ -13,6 +13,11 @@ the two sides alternate within each round, in turn order. Reports the median sec
 request and requests per second per side, and the overhead as a share of a step's time.
 
     .venv/bin/python -m bench endpoint_overhead [--requests 48] [--rounds 3]
+    .venv/bin/python -m bench endpoint_overhead --hop   # the hop alone, no model (seconds)
+
+`--hop` times the hop alone: the same request to a fake upstream that answers at once,
+directly and through the endpoint, with the fake's socket with and without TCP_NODELAY
+(without it, a reply written as headers then body waits for the client's delayed ACK).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Options:
     requests: int = option(48, "requests per side, per concurrency, per round")
     rounds: int = option(3, "rounds (3: each side goes first once)")
     concurrency: list[int] = option([1, 8], nargs="*")
+    hop: bool = option(False, "time the hop alone against a fake upstream (no model)")
     name: str = option("endpoint_overhead", "results file name under bench/results")
 
 
@@ -76,7 +82,61 @@ def side(client: httpx.Client, url: str, qs: list[str], concurrency: int) -> tup
     return seconds, time.perf_counter() - started
 
 
+def hop(n: int = 200) -> dict[str, float]:
+    """Median milliseconds of one small request to an instant fake upstream, directly and
+    through the endpoint, with the fake's socket with and without TCP_NODELAY."""
+    import asyncio
+    import socket
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from ratchet.endpoint.recording import Arm
+    from ratchet.endpoint.serve import InterventionEndpoint
+    from ratchet.types import Policy
+
+    app = FastAPI()
+    reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}], "usage": {}}
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> dict[str, Any]:
+        return reply
+
+    out: dict[str, float] = {}
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for nodelay in (False, True):
+        sock = socket.socket()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, int(nodelay))
+        sock.bind(("127.0.0.1", 0))
+        upstream = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        fake = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        threading.Thread(target=lambda s=sock, f=fake: asyncio.run(f.serve(sockets=[s])), daemon=True).start()
+        while not fake.started:
+            time.sleep(0.01)
+        with InterventionEndpoint(upstream) as ep, httpx.Client() as client:
+            rec = ep.rollouts.open(Arm(Policy(model="m"), max_steps=10**6))
+            urls = {
+                "direct": f"{upstream}/chat/completions",
+                "endpoint": f"{ep.rollout_url(rec.key)}/chat/completions",
+            }
+            for which, url in urls.items():
+                seconds = []
+                for _ in range(n):
+                    started = time.perf_counter()
+                    client.post(url, json=request).raise_for_status()
+                    seconds.append(time.perf_counter() - started)
+                key = f"{which}_ms_upstream_{'nodelay' if nodelay else 'nagle'}"
+                out[key] = 1000 * statistics.median(seconds)
+                print(f"{key}: {out[key]:.1f}", flush=True)
+        fake.should_exit = True
+    return out
+
+
 def run(opts: Options) -> None:
+    if opts.hop:
+        write_result(f"{opts.name}_hop", hop(), opts)
+        return
     from ratchet.endpoint.recording import Arm
     from ratchet.endpoint.serve import InterventionEndpoint
     from ratchet.types import ArgConstraint, ConstraintSpec, Policy

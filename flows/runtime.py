@@ -236,6 +236,12 @@ def preflight(settings: Settings, gate: bool = False, splits: Sequence[str] = ("
             except ValueError as exc:
                 raise ConfigError(f"cannot build the {split} split: {exc}", f"lower splits.{split}") from None
         if settings.agent.entry:
+            if settings.explore.search:
+                raise ConfigError(
+                    "explore.search returns ratchet's actor to stored states; your agent (agent.entry) "
+                    "starts every task from its beginning",
+                    "set explore.search = 0",
+                )
             your_agent(settings, suite)
     finally:
         suite.close()

@@ -634,3 +634,40 @@ def test_a_generation_evolves_your_agent_and_gates_a_candidate_through_it(
         assert {t.id: t.created_at for t in store.query(evolution="default")} == before
     finally:
         store.close()
+
+
+def test_preflight_refuses_your_agent_where_it_cannot_play(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before anything runs: an agent that does not import, search (it replays the actor), and
+    a suite whose tasks take tool calls are each one line."""
+    from ratchet.config import load_settings
+    from ratchet.errors import RatchetError
+    from ratchet.flows.runtime import preflight
+
+    monkeypatch.chdir(EXAMPLE)
+    base = {
+        "data_dir": str(tmp_path),
+        "tasks.file": str(EXAMPLE / "tasks.jsonl"),
+        "tasks.score": "score:score",
+        "splits.train": 4,
+        "splits.test": 4,
+    }
+    with pytest.raises(RatchetError, match="cannot load agent 'no_such_module:run'") as err:
+        preflight(load_settings(base | {"agent.entry": "no_such_module:run"}))
+    assert "\n" not in str(err.value)
+    with pytest.raises(RatchetError, match="set explore.search = 0"):
+        preflight(load_settings(base | {"agent.entry": "openai_agent:run", "explore.search": 10}))
+    with pytest.raises(RatchetError, match="takes tool calls"):
+        preflight(
+            load_settings(
+                {
+                    "data_dir": str(tmp_path),
+                    "suite": "reasoning-gym:chain_sum",
+                    "agent.entry": "openai_agent:run",
+                }
+                | {"splits.train": 1}
+            )
+        )
+    with pytest.raises(RatchetError, match="cannot load scoring function 'score:nope'"):
+        preflight(load_settings(base | {"tasks.score": "score:nope"}))
