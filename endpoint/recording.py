@@ -30,7 +30,7 @@ class Arm:
     max_tokens: int | None = None  # the output budget where the agent sets none
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: an agent may send the same request twice
 class Call:
     """One model call of a rollout: as the agent sent it, as it was forwarded after the
     policy, and the model's completion (None: it failed, `error` says why)."""

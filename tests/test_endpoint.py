@@ -671,3 +671,12 @@ def test_preflight_refuses_your_agent_where_it_cannot_play(
         )
     with pytest.raises(RatchetError, match="cannot load scoring function 'score:nope'"):
         preflight(load_settings(base | {"tasks.score": "score:nope"}))
+
+
+def test_the_same_request_twice_is_two_calls_with_their_own_seeds() -> None:
+    """An agent that retries a request word for word: each is its own call, its own index."""
+    rec = Rollouts().open(_arm())
+    same = {"messages": [{"role": "user", "content": "3 km in m?"}]}
+    first, second = rec.begin(same), rec.begin(dict(same))
+    assert first is not None and second is not None
+    assert rec.calls.index(second) == 1 and rec.calls.index(first) == 0
