@@ -37,7 +37,7 @@ from typing import Any
 
 from ratchet.agents.rollout import RolloutSlot, build_trajectory
 from ratchet.config import AgentSettings
-from ratchet.endpoint.apply import latest_observation, reply_call, text_of
+from ratchet.endpoint.apply import latest_observation, reply_call, reply_message, text_of
 from ratchet.endpoint.recording import Arm, Call
 from ratchet.endpoint.serve import InterventionEndpoint
 from ratchet.errors import RatchetError, TransientModelError
@@ -197,10 +197,7 @@ def recorded_calls(calls: list[Call]) -> list[RecordedCall | None]:
     tools_before: list[dict[str, Any]] | None = None
     for c in calls:
         messages = list(c.sent.get("messages") or [])
-        try:
-            reply = (c.reply or {})["choices"][0]["message"] or {}
-        except (KeyError, IndexError, TypeError):
-            reply = {}
+        reply = reply_message(c.reply)
         if not messages or not reply:
             out.append(None)
             continue

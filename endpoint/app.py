@@ -84,14 +84,9 @@ def create_app(rollouts: Rollouts, upstream: str, api_key: str, timeout_s: float
             log.warning("unattributed model call (no rollout key): forwarded unchanged, not recorded")
             return await _forward(body, stream=bool(body.get("stream")))
         rec = rollouts.get(key)
-        if rec is None:
-            rollouts.refused += 1
-            return _error(
-                404, "unknown or closed rollout key: a call made after its task ended", "not_found_error"
-            )
-        call = rec.begin(body)
+        call = rec.begin(body) if rec is not None else None
         if call is None:
-            if rec.budget_spent:
+            if rec is not None and rec.budget_spent:
                 return _error(
                     400, f"step budget spent: this rollout may make {rec.arm.max_steps} model calls"
                 )
@@ -99,6 +94,7 @@ def create_app(rollouts: Rollouts, upstream: str, api_key: str, timeout_s: float
             return _error(
                 404, "unknown or closed rollout key: a call made after its task ended", "not_found_error"
             )
+        assert rec is not None  # a call is begun only on an open rollout
         return await _recorded(rec, call, body)
 
     async def _recorded(rec: Recording, call: Call, body: dict[str, Any]) -> Response:
@@ -112,35 +108,48 @@ def create_app(rollouts: Rollouts, upstream: str, api_key: str, timeout_s: float
             call.error = f"malformed request: {type(exc).__name__}: {exc}"
             return _error(400, call.error)
         try:
-            got = await client.post("/chat/completions", json=call.sent)
-        except httpx.HTTPError as exc:
-            call.error = rec.upstream_error = f"model endpoint unreachable: {type(exc).__name__}: {exc}"
-            return _error(502, call.error, "server_error")
+            return await _send(call.sent, bool(body.get("stream")), rec, call)
         finally:
             call.seconds = time.perf_counter() - started
-        if got.status_code >= 400:
-            call.error = f"model endpoint answered {got.status_code}: {got.text[:300]}"
-            if got.status_code >= 500:
-                rec.upstream_error = call.error
-            return Response(got.content, got.status_code, media_type="application/json")
-        try:
-            call.reply = got.json()
-        except ValueError:
-            call.error = rec.upstream_error = f"model endpoint answered what is not JSON: {got.text[:200]!r}"
-            return _error(502, call.error, "server_error")
-        if body.get("stream"):
-            return StreamingResponse(sse_chunks(call.reply), media_type="text/event-stream")
-        return JSONResponse(call.reply)
 
     async def _forward(body: dict[str, Any], stream: bool) -> Response:
         sent = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        return await _send(sent, stream)
+
+    async def _send(
+        sent: dict[str, Any], stream: bool, rec: Recording | None = None, call: Call | None = None
+    ) -> Response:
+        """`sent` to the model, its answer to the agent. With a rollout's `call`, the reply (or
+        why there is none) is recorded, and a failure of the model marks the rollout for a
+        retry (`Recording.upstream_error`); an unrecorded reply is parsed only to stream it."""
+
+        def failed(status: int, error: str, transient: bool, content: bytes | None = None) -> Response:
+            if call is not None and rec is not None:
+                call.error = error
+                if transient:
+                    rec.upstream_error = error
+            if content is not None:  # the model's own error, passed on as it answered
+                return Response(content, status, media_type="application/json")
+            return _error(status, error, "server_error")
+
         try:
             got = await client.post("/chat/completions", json=sent)
         except httpx.HTTPError as exc:
-            return _error(502, f"model endpoint unreachable: {type(exc).__name__}: {exc}", "server_error")
-        if got.status_code >= 400 or not stream:
+            return failed(502, f"model endpoint unreachable: {type(exc).__name__}: {exc}", True)
+        if got.status_code >= 400:
+            error = f"model endpoint answered {got.status_code}: {got.text[:300]}"
+            return failed(got.status_code, error, got.status_code >= 500, got.content)
+        if call is None and not stream:
             return Response(got.content, got.status_code, media_type="application/json")
-        return StreamingResponse(sse_chunks(got.json()), media_type="text/event-stream")
+        try:
+            reply = got.json()
+        except ValueError:
+            return failed(502, f"model endpoint answered what is not JSON: {got.text[:200]!r}", True)
+        if call is not None:
+            call.reply = reply
+        if stream:
+            return StreamingResponse(sse_chunks(reply), media_type="text/event-stream")
+        return JSONResponse(reply)
 
     return app
 

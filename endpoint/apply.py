@@ -136,12 +136,18 @@ def _merge(original: dict[str, Any], spec: ToolSpec) -> dict[str, Any]:
     return original | {"function": original["function"] | {"parameters": spec.parameters}}
 
 
-def reply_call(reply: dict[str, Any] | None) -> tuple[str, ToolCall | None, str | None]:
-    """A completion's text, its first tool call, and that call's id."""
+def reply_message(reply: dict[str, Any] | None) -> dict[str, Any]:
+    """A completion's assistant message ({} when it has none)."""
     try:
         message = (reply or {})["choices"][0]["message"] or {}
     except (KeyError, IndexError, TypeError):
-        return "", None, None
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def reply_call(reply: dict[str, Any] | None) -> tuple[str, ToolCall | None, str | None]:
+    """A completion's text, its first tool call, and that call's id."""
+    message = reply_message(reply)
     text = text_of(message.get("content"))
     for c in message.get("tool_calls") or []:
         f = c.get("function") if isinstance(c, dict) else None
