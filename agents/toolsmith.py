@@ -20,6 +20,7 @@ screen. Only then is it a candidate.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -63,6 +64,9 @@ class FunctionJob:
     family: str
     examples: list[tuple[str, str]]  # (task text, accepted answer)
     trajectory_ids: list[str]
+    # whether the tool's answer to example i is right; None: it must equal the accepted answer
+    # (a task file's scorer accepts more than one way to write an answer: "3.5", "3.50 km")
+    accepts: Callable[[int, str], bool] | None = None
 
 
 class ToolsmithState(TypedDict, total=False):
@@ -128,10 +132,11 @@ def _test(job: MacroJob | FunctionJob, tool: ToolSource) -> list[str]:
         return problems
     if len(job.examples) < 2:
         return ["fewer than two solved examples to test on"]
-    for text, answer in job.examples:
+    for i, (text, answer) in enumerate(job.examples):
         result = run_tool(tool.code, {TASK_ARG: text}, entry=tool.entry)
         got = str(result.value).strip() if result.ok else result.error
-        if got != answer.strip():
+        right = result.ok and job.accepts(i, got) if job.accepts is not None else got == answer.strip()
+        if not right:
             problems.append(f"answered {got[:60]!r}, expected {answer[:60]!r}")
     return problems
 

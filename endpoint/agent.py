@@ -8,6 +8,9 @@ Two kinds (`agent.kind`):
   `{"messages": [{"role": "user", "content": <task input as text>}]}` and its last
   message's content is the answer.
 
+With `agent.mcp`, either entry is also given `mcp_url=`: the rollout's MCP server of the
+arm's distilled tools (`endpoint/tools.py`).
+
 The answer is scored by the suite (`Episode.answer`, the task file's scoring function).
 What a rollout ends as:
 
@@ -27,6 +30,7 @@ and the rules and constraints that changed the tools it was offered.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -61,13 +65,21 @@ class YourAgent:
         return load_entry(self.settings.entry, "agent")
 
     def check(self) -> None:
-        self.entry  # noqa: B018 - loaded now: a wrong name is one line before anything runs
+        """Loaded now, so a wrong name is one line before anything runs; an agent that loads MCP
+        tools (`agent.mcp`) must take them as `mcp_url`."""
+        entry = self.entry
+        if self.settings.mcp and "mcp_url" not in _parameters(entry):
+            raise AgentError(
+                f"agent.mcp is set, and {self.settings.entry} takes no 'mcp_url' argument",
+                "give it a keyword argument mcp_url (the rollout's MCP server), or unset agent.mcp",
+            )
 
     def run(self, task_input: Any, base_url: str, max_steps: int) -> Any:
         """The agent's answer to one task (raises what the agent raised)."""
+        extra = {"mcp_url": mcp_url(base_url)} if self.settings.mcp else {}
         if self.settings.kind == "function":
-            return self.entry(task_input, base_url)
-        graph = self.entry(base_url)
+            return self.entry(task_input, base_url, **extra)
+        graph = self.entry(base_url, **extra)
         text = task_input if isinstance(task_input, str) else json.dumps(task_input, ensure_ascii=False)
         state = graph.invoke(
             {"messages": [{"role": "user", "content": text}]},
@@ -80,6 +92,21 @@ class YourAgent:
             )
         last = messages[-1]
         return text_of(getattr(last, "content", None) if not isinstance(last, dict) else last.get("content"))
+
+
+def mcp_url(base_url: str) -> str:
+    """The rollout's MCP server of distilled tools, beside its model API: `…/r/<key>/mcp`."""
+    return base_url.removesuffix("/").removesuffix("/v1") + "/mcp"
+
+
+def _parameters(fn: Any) -> set[str]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable without a signature: nothing can be said
+        return {"mcp_url"}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return {*params, "mcp_url"}
+    return set(params)
 
 
 def task_input(task: Task) -> Any:
@@ -140,8 +167,13 @@ def run_agent_rollout(
         success=bool(outcome and outcome.success) and error is None,
         score=outcome.score if outcome is not None and error is None else 0.0,
         error=error,
+        answer=_as_text(answer["value"]) if "value" in answer else None,
         seconds=time.perf_counter() - started,
     )
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
 def give_answer(episode: Episode, value: Any) -> StepResult:
@@ -149,7 +181,7 @@ def give_answer(episode: Episode, value: Any) -> StepResult:
     any other suite that takes a text reply reads it as text."""
     if isinstance(episode, TaskFileEpisode):
         return episode.answer(value)
-    return episode.reply(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+    return episode.reply(_as_text(value))
 
 
 def _call_with_timeout(fn: Any, args: tuple[Any, ...], out: dict[str, Any], timeout_s: float) -> bool:

@@ -5,7 +5,8 @@ An agent's base URL names its rollout: `http://127.0.0.1:PORT/r/<key>/v1` (or th
 (`endpoint/recording.py`) and forwarded with the live policy of the arm the rollout plays
 (`endpoint/apply.py`). A request without a key is forwarded unchanged and counted as
 unattributed; a key the endpoint does not know (or a rollout already closed) is refused
-with 404, so a late call never lands in another rollout. Streaming: the reply is produced
+with 404, so a late call never lands in another rollout. The arm's distilled tools are served
+over MCP at `/r/<key>/mcp` (`endpoint/tools.py`). Streaming: the reply is produced
 whole and sent as one SSE chunk and a finish chunk, which OpenAI clients read as a stream.
 Loopback only, like the model server behind it.
 """
@@ -23,7 +24,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ratchet.endpoint.apply import apply_policy, latest_observation, reply_call
 from ratchet.endpoint.recording import Call, Recording, Rollouts
-from ratchet.server.app import sse_chunks
+from ratchet.endpoint.tools import KnownKeys, mcp_app
+from ratchet.server.sse import sse_chunks
 from ratchet.types import ToolCall
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,10 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
 
 
 def create_app(rollouts: Rollouts, upstream: str, api_key: str, timeout_s: float) -> FastAPI:
-    """The endpoint over `upstream` (an OpenAI-compatible base URL, …/v1)."""
-    app = FastAPI(title="ratchet intervention endpoint")
+    """The endpoint over `upstream` (an OpenAI-compatible base URL, …/v1), with each rollout's
+    distilled tools over MCP at `/r/<key>/mcp` (`endpoint/tools.py`)."""
+    tools = mcp_app(rollouts)
+    app = FastAPI(title="ratchet intervention endpoint", lifespan=tools.lifespan)
     headers = {"Authorization": f"Bearer {api_key}"}
     client = httpx.AsyncClient(base_url=upstream.rstrip("/"), headers=headers, timeout=timeout_s)
     app.state.client = client
@@ -151,6 +155,7 @@ def create_app(rollouts: Rollouts, upstream: str, api_key: str, timeout_s: float
             return StreamingResponse(sse_chunks(reply), media_type="text/event-stream")
         return JSONResponse(reply)
 
+    app.mount("/", KnownKeys(tools, rollouts))  # last: every route above is matched first
     return app
 
 

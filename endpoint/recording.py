@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratchet.skills.toolbox import Toolbox
 from ratchet.types import Policy, SkillText
 
 
@@ -28,6 +29,8 @@ class Arm:
     seed: int = 0
     max_steps: int = 20  # model calls the rollout may make
     max_tokens: int | None = None  # the output budget where the agent sets none
+    toolbox: Toolbox | None = None  # runs the distilled tools the policy offers (`endpoint/tools.py`)
+    task: str = ""  # the task's text: what a distilled function tool is given as `task`
 
 
 @dataclass(eq=False)  # compared by identity: an agent may send the same request twice
@@ -44,6 +47,17 @@ class Call:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class ToolRun:
+    """One call of a distilled tool over MCP: its arguments and its result (or why none)."""
+
+    name: str
+    arguments: dict[str, Any]
+    result: str | None
+    error: str | None
+    seconds: float
+
+
 @dataclass
 class Recording:
     """One open rollout: its key, its arm, and every call in order."""
@@ -51,6 +65,7 @@ class Recording:
     key: str
     arm: Arm
     calls: list[Call] = field(default_factory=list)
+    tool_runs: list[ToolRun] = field(default_factory=list)
     closed: bool = False
     budget_spent: bool = False  # a call past `arm.max_steps` was refused
     upstream_error: str | None = None  # the model behind the endpoint failed (transient)
@@ -68,6 +83,10 @@ class Recording:
             call = Call(request=request, sent={}, fired=[], menu=None)
             self.calls.append(call)
             return call
+
+    def record_tool(self, run: ToolRun) -> None:
+        with self.lock:
+            self.tool_runs.append(run)
 
     @property
     def index(self) -> int:

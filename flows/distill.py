@@ -53,6 +53,8 @@ from ratchet.skills.library import AddResult
 from ratchet.skills.mining import mine_patterns
 from ratchet.skills.rule_mining import MinedRule, mine_rules, raw_observation
 from ratchet.skills.screen import Screen
+from ratchet.suites.base import Suite
+from ratchet.suites.task_file import ScoreError, TaskFileSuite
 from ratchet.types import Diagnosis, Trajectory, family_of
 
 if TYPE_CHECKING:
@@ -203,10 +205,13 @@ def source(name: str) -> Callable[[DraftFn], DraftFn]:
     return register
 
 
-def offers_tools(s: Settings) -> bool:
-    """Whether a distilled tool can reach the policy: ratchet's actor offers it beside the
-    suite's; your own agent (`agent.entry`) calls only its own tools, so none is drafted."""
-    return not s.agent.entry
+def offers_tools(s: Settings, kind: str) -> bool:
+    """Whether a distilled tool of `kind` can reach the policy: ratchet's actor offers every
+    tool beside the suite's; your own agent (`agent.entry`) gets function tools over MCP when it
+    loads them (`agent.mcp`), and never a macro (its plan is actions of ratchet's suites)."""
+    if not s.agent.entry:
+        return True
+    return kind == "function" and s.agent.mcp
 
 
 @source("rules")
@@ -263,7 +268,7 @@ def guardrails(ev: Evidence, family: str) -> list[Draft]:
 def macros(ev: Evidence, family: str) -> list[Draft]:
     """The best parameterized patterns as macro tools (`distill.tools`), by the toolsmith."""
     found: list[Draft] = []
-    if not offers_tools(ev.settings):
+    if not offers_tools(ev.settings, "macro"):
         return found
     for p in [p for p in ev.patterns(family) if p.params][: ev.settings.distill.tools]:
         verbs = [next(iter(a.args.values()), a.tool).split()[0] for a in p.actions]
@@ -275,9 +280,11 @@ def macros(ev: Evidence, family: str) -> list[Draft]:
 @source("function")
 def functions(ev: Evidence, family: str) -> list[Draft]:
     """For a question-answer family, a teacher-written function tool (with a teacher only)."""
-    if not offers_tools(ev.settings) or ev.teacher is None:
+    if not offers_tools(ev.settings, "function") or ev.teacher is None:
         return []
-    if (job := function_job(family, ev.wins(family))) is None:
+    wins = ev.wins(family)
+    job = answer_job(family, wins, ev.rt.suite) if ev.settings.agent.entry else function_job(family, wins)
+    if job is None:
         return []
     return [Job(f"function {family}", ev.toolsmith, {"job": job, "screen": ev.screen(family)})]
 
@@ -483,6 +490,35 @@ def function_job(family: str, wins: list[Trajectory]) -> FunctionJob | None:
     pairs = [(q, a) for q, a, _ in examples.values()]
     name = slug(family.split(":", 1)[-1], "solver")
     return FunctionJob(name, family, pairs, [i for _, _, i in examples.values()])
+
+
+def answer_job(family: str, wins: list[Trajectory], suite: Suite) -> FunctionJob | None:
+    """Your agent's solved tasks as a function job: each task's text and the answer the agent
+    returned. A task file's scoring function judges the tool's answers (`accepts`), so an
+    answer written another way that the scorer takes is right."""
+    examples: dict[str, tuple[str, str, str]] = {}
+    for t in wins:
+        if t.answer is not None:
+            examples.setdefault(t.task_id, (t.instruction, t.answer, t.id))
+    if len(examples) < 2 or len({a for _, a, _ in examples.values()}) < len(examples):
+        return None  # too few examples, or one answer for all: nothing to compute
+    task_ids = list(examples)
+    accepts = None
+    if isinstance(suite, TaskFileSuite):
+
+        def accepts(i: int, got: str) -> bool:
+            try:
+                return suite.score(suite.load(task_ids[i]), got)[0]
+            except ScoreError:
+                return False
+
+    return FunctionJob(
+        slug(family.split(":", 1)[-1], "solver"),
+        family,
+        [(q, a) for q, a, _ in examples.values()],
+        [i for _, _, i in examples.values()],
+        accepts,
+    )
 
 
 def _log(result: DistillResult) -> None:

@@ -103,6 +103,8 @@ def _play_and_store(
                 seed=settings.seed,
                 max_steps=settings.max_steps,
                 max_tokens=settings.max_tokens,
+                toolbox=rt.toolbox,
+                task=slot.task.instruction,
             )
             traj = run_agent_rollout(rt.agent, rt.suite, slot, rt.endpoint, arm)
         else:

@@ -468,6 +468,11 @@ class AgentSettings(Section):
     timeout_s: float = Field(
         default=600.0, gt=0, le=DAY_S, description="one task's wall time; past it the rollout is an error"
     )
+    mcp: bool = Field(
+        default=False,
+        description="your agent loads MCP tools: its entry is also given `mcp_url`, the rollout's MCP server "
+        "of distilled tools, and distill drafts function tools for it; false: no tool is drafted",
+    )
 
 
 class TaskFileSettings(Section):

@@ -181,6 +181,7 @@ class Trajectory(BaseModel):
     success: bool = False
     score: float = 0.0
     error: str | None = None
+    answer: str | None = Field(default=None, description="what your agent returned, as text (agent rollouts)")
     seconds: float = 0.0
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

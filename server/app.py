@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratchet.server.engine import AdapterError, Engine, GenRequest, GenResult
 from ratchet.server.memory import resident_mb
+from ratchet.server.sse import sse_chunks
 from ratchet.toolcalls import read_cut_text, read_reply, render_tools, to_chatml_messages, tool_call_schema
 
 
@@ -227,16 +228,3 @@ def completion_body(model: str, res: GenResult, tool_mode: bool) -> dict[str, An
             "total_tokens": res.prompt_tokens + completion,
         },
     }
-
-
-async def sse_chunks(body: dict[str, Any]) -> Any:
-    """Stream a finished completion as one delta chunk (enough for clients that ask for SSE)."""
-    choice = body["choices"][0]
-    delta = dict(choice["message"])
-    if "tool_calls" in delta:
-        delta["tool_calls"] = [dict(c, index=i) for i, c in enumerate(delta["tool_calls"])]
-    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    yield f"data: {json.dumps(base | {'choices': [{'index': 0, 'delta': delta}]})}\n\n"
-    end = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
-    yield f"data: {json.dumps(base | {'choices': [end], 'usage': body['usage']})}\n\n"
-    yield "data: [DONE]\n\n"
