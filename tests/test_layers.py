@@ -90,3 +90,17 @@ def test_no_bare_top_level_names_anywhere() -> None:
         if module.split(".")[0] in FOLDERS and module.split(".")[0] != "ratchet"
     ]
     assert not bare, "\n".join(bare)
+
+
+def test_commands_that_need_no_model_never_load_torch() -> None:
+    """`ratchet skills list` and its kind import the loop's runtime and the endpoint, never the
+    engine: importing torch and transformers cost every such command 5 s (9.1 s -> 4.0 s)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ratchet.cli.main, ratchet.flows.runtime, ratchet.endpoint.app, ratchet.endpoint.tools\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'xgrammar', 'peft', 'trl') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600)
+    assert out.stdout.strip() == "[]"
