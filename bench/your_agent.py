@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 EXAMPLE = ROOT / "examples" / "units"
 AGENTS = {
-    "openai": {"agent.entry": "openai_agent:run", "agent.kind": "function"},
+    "openai": {"agent.entry": "openai_agent:run", "agent.kind": "function", "agent.mcp": True},
     "langgraph": {"agent.entry": "langgraph_agent:build", "agent.kind": "langgraph"},
 }
 
