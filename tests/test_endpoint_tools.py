@@ -302,3 +302,19 @@ def test_your_agent_calls_a_distilled_tool_through_the_real_endpoint_and_model(
         called = [s.tool_call.name for s in traj.steps if s.tool_call is not None]
         if "units-scale" in called:  # what the tool answered is what the model read next
             assert with_tool and any(s.tool_result and "error" not in s.tool_result for s in traj.steps)
+
+
+def test_the_endpoint_starts_and_serves_tools_while_every_core_is_busy() -> None:
+    """Its start (uvicorn on a thread, the MCP server's lifespan) has no time limit of its own
+    but `START_TIMEOUT_S`; four spinning processes on the cores must not reach it."""
+    from tests.test_first_run import busy_cores
+
+    with busy_cores(), socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+        with InterventionEndpoint(dead, timeout_s=5) as ep:
+            rec = ep.rollouts.open(_arm(["units-scale"]))
+            listed, (scaled,) = _mcp(mcp_url(ep.rollout_url(rec.key)), ("units-scale", {"factor": 2}))
+            health = httpx.get(f"{ep.url}/health", timeout=60).json()
+    assert [t.name for t in listed] == ["units-scale"] and _text(scaled) == "24.0"
+    assert health["status"] == "ok" and health["open_rollouts"] == 1
