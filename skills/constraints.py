@@ -8,13 +8,13 @@ its successes called) is data mined from successful train calls and written into
 tools' JSON schemas before each model call, so constrained decoding can only produce
 arguments of the shape that succeeded:
 
-* `from_context`: every successful value was words the agent had read (the task, or a result
-  seen earlier in the episode). The argument becomes an `enum` of the spans (1 to
-  `SPAN_WORDS` words) of what it has read so far, kept to the `shape` the copied words had
-  in the text (all capitals: `EUR`; each word capitalized: `New York`) and to their length
-  where every success had the same one (a code); a number argument,
-  an `enum` of its numbers. Where there would be more than `ENUM_MAX` values the argument
-  is left as it was.
+* `from_context`: every successful value (all but one, from `ONE_MISS_FROM` on) was words the
+  agent had read (the task, or a result seen earlier in the episode). The argument becomes
+  an `enum` of the spans (1 to `SPAN_WORDS` words) of what it has read so far, kept to the
+  `shape` the copied words had in the text (all capitals: `EUR`; each word capitalized:
+  `New York`) and to their length where every success had the same one (a code); a number
+  argument, an `enum` of its numbers. Where there would be more than `ENUM_MAX` values the
+  argument is left as it was.
 * `max_length`: a string ends at twice the longest successful value (the grammar enforces
   `maxLength`), when that is shorter than the schema's own bound.
 * `integer`: a number whose successful values were all whole becomes `"type": "integer"`.
@@ -42,6 +42,7 @@ from ratchet.types import ArgConstraint, ConstraintSpec, ToolSpec, Trajectory, f
 SPAN_WORDS = 4  # the longest span of words a from-context string may be
 ENUM_MAX = 400  # more candidate values than this, and the argument is not narrowed
 MIN_TASKS = 2  # a constraint needs successful calls from this many distinct train tasks
+ONE_MISS_FROM = 6  # from this many successful values on, one not copied still binds (`_copied`)
 _WORD = re.compile(r"[^\W_]+(?:['.\-][^\W_]+)*")  # words, keeping "o'clock", "3.5", "new-york"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -79,6 +80,16 @@ def _number_read(value: Any, texts: Sequence[str]) -> bool:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return any(abs(value - n) < 1e-9 for n in numbers(texts))
+
+
+def _copied(read: Sequence[bool]) -> bool:
+    """Whether an argument's successful values were copied from what the agent read: all of
+    them, or all but one of at least `ONE_MISS_FROM`. A small model's successes include a
+    value the task accepted though it was not copied ("meter" for the question's "meters");
+    one such success among many does not unbind the argument (the constraint then makes the
+    model copy there too, and the gate judges whether that costs anything)."""
+    misses = len(read) - sum(read)
+    return misses == 0 or (misses == 1 and len(read) >= ONE_MISS_FROM)
 
 
 def _as_read(value: Any, texts: Sequence[str]) -> str | None:
@@ -252,7 +263,7 @@ def _mine_arg(calls: Sequence[tuple[Any, list[str]]]) -> ArgConstraint | None:
         # the shape of what was copied, as the text wrote it: a success may have lowercased
         # "Paris" (the suite compared without case), the enum offers the text's spelling
         read = [_as_read(v, ctx) for v, ctx in calls]
-        from_context = all(r is not None for r in read)
+        from_context = _copied([r is not None for r in read])
         return ArgConstraint(
             from_context=from_context,
             max_length=max(2 * max(lengths), 8),
@@ -261,7 +272,7 @@ def _mine_arg(calls: Sequence[tuple[Any, list[str]]]) -> ArgConstraint | None:
             min_length=lengths.pop() if from_context and len(lengths) == 1 else None,
             shape=shape_of([r for r in read if r is not None]) if from_context else None,
         )
-    from_context = all(_number_read(v, ctx) for v, ctx in calls)
+    from_context = _copied([_number_read(v, ctx) for v, ctx in calls])
     whole = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
     return ArgConstraint(from_context=from_context, integer=whole) if from_context or whole else None
 

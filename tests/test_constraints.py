@@ -189,6 +189,23 @@ def test_mined_from_own_train_successes_across_tasks_only():
     assert mine_constraints("desk-test:a", [*wins, _won("desk-test:a:train:Oslo", "Oslo", menu=menu)]) == []
 
 
+def test_one_success_that_did_not_copy_among_many_still_binds_the_argument():
+    """The LangGraph units agent once wrote "meter" for the question's "meters": one such
+    success among six or more must not unbind the units of every other call."""
+    tasks = ["Oslo", "Lima", "New York", "Cape Town"]
+    four = [_won(f"desk-test:a:train:{c}", c) for c in tasks]
+    five = [*four, _won("desk-test:a:train:Oslo", "Oslo")]
+    miss = [_won("desk-test:a:train:Lima", "Peru"), _won("desk-test:a:train:Oslo", "Chile")]
+
+    def city(trajs):  # type: ignore[no-untyped-def]
+        (mined,) = mine_constraints("desk-test:a", trajs)
+        return mined.spec.tools["get_weather"]["city"]
+
+    assert not city([*four, miss[0]]).from_context  # 4 copied and 1 not, of 5: too few to tell
+    assert city([*five, miss[0]]).from_context  # 5 copied and 1 not, of 6
+    assert not city([*five, *miss]).from_context  # two that did not copy: the argument stays free
+
+
 def test_a_constraint_skill_round_trips_and_an_edit_is_refused(tmp_path: Path):
     wins = [_won("desk-test:a:train:Oslo", "Oslo"), _won("desk-test:a:train:Lima", "Lima")]
     skill = constraint_skill("desk-test:a", mine_constraints("desk-test:a", wins)[0], "e", 1)
