@@ -135,7 +135,10 @@ def _test(job: MacroJob | FunctionJob, tool: ToolSource) -> list[str]:
     for i, (text, answer) in enumerate(job.examples):
         result = run_tool(tool.code, {TASK_ARG: text}, entry=tool.entry)
         got = str(result.value).strip() if result.ok else result.error
-        right = result.ok and job.accepts(i, got) if job.accepts is not None else got == answer.strip()
+        if job.accepts is not None:
+            right = result.ok and job.accepts(i, got)
+        else:
+            right = got == answer.strip()
         if not right:
             problems.append(f"answered {got[:60]!r}, expected {answer[:60]!r}")
     return problems

@@ -17,7 +17,6 @@ alone, so nothing of one rollout outlives it on the server.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool
 from fastmcp.tools.base import ToolResult
 from pydantic import PrivateAttr
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratchet.endpoint.recording import Arm, Recording, Rollouts, ToolRun
@@ -40,14 +40,14 @@ MCP_PATH = "/r/{key}/mcp"
 _KEYED = re.compile(r"^/r/([^/]+)/mcp/?$")
 
 
-def offered(arm: Arm) -> list[str]:
+def offered(arm: Arm) -> list[ToolSpec]:
     """The distilled tools an agent playing `arm` may list and call: the arm's policy's tools
     that are function tools of its toolbox, in the policy's order."""
     box = arm.toolbox
     if box is None:
         return []
     return [
-        spec.name
+        spec
         for spec in arm.policy.tools
         if (skill := box.skills.get(spec.name)) is not None
         and skill.tool is not None
@@ -76,7 +76,7 @@ async def call_tool(rec: Recording, name: str, arguments: dict[str, Any]) -> Too
     arguments and the tool's own failure are the agent's error results, never the server's."""
     started = time.perf_counter()
     box = rec.arm.toolbox
-    if box is None or name not in offered(rec.arm):
+    if box is None or name not in {spec.name for spec in offered(rec.arm)}:
         return ToolResult(content=f"no tool named {name!r} in this rollout", is_error=True)
     try:
         value: str | None = await anyio.to_thread.run_sync(
@@ -109,8 +109,7 @@ class ArmTools(Provider):
         rec = self._recording()
         if rec is None:
             return []
-        names = set(offered(rec.arm))
-        return [RolloutTool.of(rec, spec) for spec in rec.arm.policy.tools if spec.name in names]
+        return [RolloutTool.of(rec, spec) for spec in offered(rec.arm)]
 
 
 def mcp_app(rollouts: Rollouts) -> Any:
@@ -135,15 +134,15 @@ class KnownKeys:
         if scope["type"] == "http":
             match = _KEYED.match(scope.get("path", ""))
             if match is None:
-                return await _not_found(send, "no such path")
+                return await _not_found(scope, receive, send, "no such path")
             if self.rollouts.get(match.group(1)) is None:
                 self.rollouts.refused += 1
-                return await _not_found(send, "unknown or closed rollout key: the task has ended")
+                return await _not_found(
+                    scope, receive, send, "unknown or closed rollout key: the task has ended"
+                )
         await self.app(scope, receive, send)
 
 
-async def _not_found(send: Send, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "not_found_error"}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 404, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+async def _not_found(scope: Scope, receive: Receive, send: Send, message: str) -> None:
+    body = {"error": {"message": message, "type": "not_found_error"}}
+    await JSONResponse(body, status_code=404)(scope, receive, send)

@@ -484,12 +484,7 @@ def function_job(family: str, wins: list[Trajectory]) -> FunctionJob | None:
             return None  # the same tool earlier on: an environment move, not an answer
         answer = str(next(iter(last.tool_call.args.values())))
         examples.setdefault(t.task_id, (t.instruction, answer, t.id))
-    answers = {a for _, a, _ in examples.values()}
-    if len(examples) < 2 or len(answers) < len(examples):
-        return None  # too few examples, or one answer for all: nothing to compute
-    pairs = [(q, a) for q, a, _ in examples.values()]
-    name = slug(family.split(":", 1)[-1], "solver")
-    return FunctionJob(name, family, pairs, [i for _, _, i in examples.values()])
+    return _solver_job(family, examples)
 
 
 def answer_job(family: str, wins: list[Trajectory], suite: Suite) -> FunctionJob | None:
@@ -500,18 +495,26 @@ def answer_job(family: str, wins: list[Trajectory], suite: Suite) -> FunctionJob
     for t in wins:
         if t.answer is not None:
             examples.setdefault(t.task_id, (t.instruction, t.answer, t.id))
-    if len(examples) < 2 or len({a for _, a, _ in examples.values()}) < len(examples):
-        return None  # too few examples, or one answer for all: nothing to compute
+    if not isinstance(suite, TaskFileSuite):
+        return _solver_job(family, examples)
     task_ids = list(examples)
-    accepts = None
-    if isinstance(suite, TaskFileSuite):
 
-        def accepts(i: int, got: str) -> bool:
-            try:
-                return suite.score(suite.load(task_ids[i]), got)[0]
-            except ScoreError:
-                return False
+    def accepts(i: int, got: str) -> bool:
+        try:
+            return suite.score(suite.load(task_ids[i]), got)[0]
+        except ScoreError:
+            return False
 
+    return _solver_job(family, examples, accepts)
+
+
+def _solver_job(
+    family: str, examples: dict[str, tuple[str, str, str]], accepts: Callable[[int, str], bool] | None = None
+) -> FunctionJob | None:
+    """A function job from (task text, accepted answer, trajectory id) per task, or None when
+    there are too few examples, or one answer for all: nothing to compute."""
+    if len(examples) < 2 or len({a for _, a, _ in examples.values()}) < len(examples):
+        return None
     return FunctionJob(
         slug(family.split(":", 1)[-1], "solver"),
         family,
