@@ -160,7 +160,9 @@ class Engine:
             "decode_seconds": 0.0,
             "grammar_seconds": 0.0,
             "kv_seconds": 0.0,
+            "in_flight": 0,  # requests submitted and not yet answered (or cancelled)
         }
+        self._count_lock = threading.Lock()
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._queue: queue.Queue[GenRequest] = queue.Queue()
         self._lock = threading.Lock()  # held while the model runs or changes
@@ -179,8 +181,15 @@ class Engine:
             raise RuntimeError("engine is closed")
         if req.adapter is not None and req.adapter not in self.adapters:
             raise AdapterError(f"adapter {req.adapter!r} is not loaded")
+        with self._count_lock:
+            self.stats["in_flight"] += 1
+        req.future.add_done_callback(self._answered)
         self._queue.put(req)
         return req.future
+
+    def _answered(self, _: Future[GenResult]) -> None:
+        with self._count_lock:
+            self.stats["in_flight"] -= 1
 
     def generate(self, req: GenRequest) -> GenResult:
         return self.submit(req).result()

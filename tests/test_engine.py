@@ -94,12 +94,17 @@ def test_a_request_joins_a_running_batch_and_is_answered_when_done(engines):
         time.sleep(0.01)
     short = cached.submit(GenRequest(prompt_ids=short_ids, max_tokens=6, temperature=0)).result()
     assert not f_long.done()  # the short request joined mid-flight and left first
+    assert cached.stats["in_flight"] in (1, 2)  # the long one; the short one until its callback ran
     assert (
         short.token_ids
         == plain.generate(GenRequest(prompt_ids=short_ids, max_tokens=6, temperature=0)).token_ids
     )
     want = plain.generate(GenRequest(prompt_ids=long_ids, max_tokens=80, temperature=0, ignore_eos=True))
     assert f_long.result().token_ids == want.token_ids
+    deadline = time.monotonic() + 60  # a future's callbacks run just after its waiters wake
+    while cached.stats["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cached.stats["in_flight"] == 0  # every request answered is counted out
 
 
 def test_prefill_groups_bound_what_a_row_pays_for_its_neighbours():

@@ -20,7 +20,7 @@ from tests.test_cli import assert_one_line_error, ratchet
 
 
 @contextmanager
-def busy_cores(per_core: int = 2) -> Iterator[None]:
+def busy_cores(per_core: int = 1) -> Iterator[None]:
     """Keep every core busy (`per_core` spinning processes each) for the block's duration."""
     spinners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
