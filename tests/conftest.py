@@ -29,7 +29,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("MLFLOW_MODEL_CATALOG_URI", "")  # traced model calls: no catalog download
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Prefect's ephemeral API keeps its database here; reusing it makes later sessions start faster.
-# One per xdist worker: two ephemeral servers migrating and writing one SQLite file lock it.
+# One per xdist worker, so two ephemeral servers never migrate and write one SQLite file at once.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".ratchet" / "test-prefect" / WORKER))
 Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
