@@ -14,8 +14,8 @@ from ratchet.server import weights
 def test_two_starts_on_a_fresh_models_dir_convert_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the lock the second start replaced the copy the first was already loading
-    (seen with two test workers sharing one models dir)."""
+    """Without the lock the second start would convert again and replace the copy the first
+    was already loading (two test workers share one models dir)."""
     calls: list[str] = []
     entered = threading.Event()
 
