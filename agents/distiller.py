@@ -23,7 +23,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
 
-from ratchet.agents.structured import ask_json
+from ratchet.agents.structured import NAME_WORD_MAX, NAME_WORDS_MAX, SkillName, ask_json
 from ratchet.diagnosis.keys import FailureKey
 from ratchet.skills.mining import Pattern
 from ratchet.skills.screen import Screen
@@ -55,7 +55,7 @@ STEP_MAX = 200
 class WrittenSkill(BaseModel):
     """The teacher's phrasing of a skill; every string is bounded."""
 
-    name: str = Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+){0,5}$", max_length=40)
+    name: SkillName
     description: str = Field(max_length=160, description="when this skill applies, one sentence")
     when: str = Field(max_length=160)
     steps: list[Annotated[str, Field(max_length=STEP_MAX)]] = Field(min_length=1, max_length=6)
@@ -170,7 +170,7 @@ def _subset(family: str) -> str:
 
 def slug(*parts: str, limit: int = 40) -> str:
     text = "-".join(re.sub(r"[^a-z0-9]+", "-", p.lower()).strip("-") for p in parts if p)
-    words = [w for w in text.split("-") if w][:6]
+    words = [w[:NAME_WORD_MAX] for w in text.split("-") if w][:NAME_WORDS_MAX]
     return "-".join(words)[:limit].strip("-") or "skill"
 
 

@@ -23,7 +23,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, Field
 
-from ratchet.agents.structured import ask_json
+from ratchet.agents.structured import SkillName, ask_json
 from ratchet.skills.rules import matches, normal
 from ratchet.skills.screen import Screen
 from ratchet.types import Diagnosis, RuleSpec
@@ -45,7 +45,7 @@ SHOWN_MAX = 12  # evidence lines and actions shown to the teacher
 class ProposedRule(BaseModel):
     """The teacher's rule; every string is bounded."""
 
-    name: str = Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+){0,5}$", max_length=40)
+    name: SkillName
     prefer: list[Pattern] = Field(default_factory=list, max_length=3)
     avoid: list[Pattern] = Field(default_factory=list, max_length=3)
     when: list[Word] = Field(default_factory=list, max_length=3)

@@ -4,22 +4,36 @@
 server compiles it into a grammar); asking through `bind` rather than LangChain's
 `with_structured_output` keeps the scripted test model and real endpoints on one path.
 Bound every free-text field with `max_length`: a small model otherwise rambles to its
-token limit inside a string.
+token limit inside a string. A field with a `pattern` must bound itself in the pattern
+(`{m,n}`, never `+` or `*`): the grammar compiler (xgrammar 0.2.9) ignores `maxLength` beside
+a `pattern`, and the shipped model, greedy, once filled a `[a-z0-9]+` name with digits until
+the token budget ran out (`tests/test_teacher_schemas.py` holds every schema to this).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from ratchet.agents.model import is_transient
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
+
+# A skill's name as a teacher writes it: up to six lowercase words of up to 16 letters or
+# digits. The pattern itself is the bound the grammar enforces; `max_length` is what it implies.
+NAME_WORD_MAX, NAME_WORDS_MAX = 16, 6
+SkillName = Annotated[
+    str,
+    Field(
+        pattern=rf"^[a-z0-9]{{1,{NAME_WORD_MAX}}}(-[a-z0-9]{{1,{NAME_WORD_MAX}}}){{0,{NAME_WORDS_MAX - 1}}}$",
+        max_length=NAME_WORDS_MAX * (NAME_WORD_MAX + 1) - 1,
+    ),
+]
 
 
 def response_format(schema: type[BaseModel]) -> dict[str, Any]:

@@ -1,0 +1,76 @@
+"""Every schema a teacher answers in is bounded by the grammar the server constrains it with.
+
+pydantic checks `max_length` after the fact; the grammar is what stops the model while it
+writes. Where the two disagree, a small model can write a string longer than the validator
+accepts until its token budget runs out, and the answer is lost (xgrammar ignores
+`maxLength` beside a `pattern`; the shipped model did exactly this with a skill's name).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import xgrammar as xgr
+from pydantic import BaseModel
+
+from ratchet.agents.diagnoser import Judgement
+from ratchet.agents.distiller import WrittenSkill, slug
+from ratchet.agents.rule_proposer import ProposedRule
+from ratchet.agents.structured import SkillName
+from ratchet.agents.toolsmith import WrittenCode
+from ratchet.server.engine import compile_json_schema
+
+TEACHER_SCHEMAS = [Judgement, WrittenSkill, ProposedRule, WrittenCode]
+# The grammar is over characters; a tiny vocabulary is enough to ask it what it admits.
+COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo(["a", "b"]), max_threads=1)
+
+
+def _strings(node: Any, where: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every string-typed subschema, with where it sits."""
+    if isinstance(node, list):
+        return [s for i, item in enumerate(node) for s in _strings(item, f"{where}[{i}]")]
+    if not isinstance(node, dict):
+        return []
+    found = [(where, node)] if node.get("type") == "string" else []
+    for key, value in node.items():
+        found += _strings(value, f"{where}.{key}")
+    return found
+
+
+def _admits(schema: dict[str, Any], value: str) -> bool:
+    matcher = xgr.GrammarMatcher(compile_json_schema(COMPILER, json.dumps(schema)))
+    return matcher.accept_string(json.dumps(value)) and matcher.is_completed()
+
+
+@pytest.mark.parametrize("model", TEACHER_SCHEMAS, ids=lambda m: m.__name__)
+def test_no_string_the_grammar_admits_is_longer_than_the_validator_accepts(model: type[BaseModel]) -> None:
+    fields = _strings(model.model_json_schema())
+    assert fields, f"{model.__name__} has no string field"
+    for where, field in fields:
+        bound = field.get("maxLength")
+        assert bound is not None, f"{model.__name__}{where} is an unbounded string"
+        # Runaway text is repetitive: a long run of one letter is what a looping model writes.
+        assert not _admits(field, "a" * (bound + 1)), f"{model.__name__}{where}: the grammar admits more"
+        assert not _admits(field, "a" * 4 * bound), f"{model.__name__}{where}: the grammar admits more"
+
+
+def test_a_skill_name_is_bounded_by_its_pattern_and_admits_what_the_validator_does() -> None:
+    """And every name the algorithmic draft makes is one the teacher could have written."""
+    (field,) = [f for _, f in _strings(ProposedRule.model_json_schema()) if "pattern" in f]
+    at_bound = "-".join(["abcdefghijklmnop"] * 6)
+    assert len(at_bound) == field["maxLength"] == 101
+    assert _admits(field, at_bound) and _admits(field, "coin-take-it")
+    for bad in ["a" * 17, at_bound + "-a", "Coin", "coin--take", "coin-"]:
+        assert not _admits(field, bad), bad
+    # the validator agrees with the grammar on every probe
+    from pydantic import TypeAdapter
+
+    names = TypeAdapter(SkillName)
+    assert names.validate_python(at_bound) == at_bound
+    long = slug("propositional_logic", "avoid", "a-runaway-answer-that-goes-on", "x" * 30)
+    assert names.validate_python(long) == long and _admits(field, long)
+    for bad in ["a" * 17, at_bound + "-a"]:
+        with pytest.raises(ValueError):
+            names.validate_python(bad)
