@@ -33,6 +33,14 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ.setdefault("PREFECT_HOME", str(ROOT / ".ratchet" / "test-prefect" / WORKER))
 Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+# On n workers, each worker's torch (its in-process training, its embedded server, the servers
+# its CLI tests start) gets cores // n threads. Left at one thread per core, two OpenMP pools
+# spin on the same two cores: tests/test_finetune.py takes 71 s serially, and one of its tests
+# took 170 s beside the other worker.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    for var in ("OMP_NUM_THREADS", "RATCHET_SERVER_THREADS"):
+        os.environ.setdefault(var, str(max(1, (os.cpu_count() or 1) // WORKERS)))
 # Flows the tests call directly start Prefect's ephemeral API with Prefect's own 20 s limit to
 # answer, which a busy machine misses (seen beside a LoRA training on 2 cores); the product
 # sets its own (ratchet.runtime_env), and so do the tests.
