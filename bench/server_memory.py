@@ -12,7 +12,11 @@ once more after `--idle` seconds without requests:
   back to the OS (`server/memory.py`);
 * `one-forward`: every prefill in one forward (`--prefill-chunk 0`);
 * `chunked`: the server as `ratchet` starts it: prefills in forwards of at most 2,048 query
-  tokens (`server/engine.py:PREFILL_CHUNK`).
+  tokens (`server/engine.py:PREFILL_CHUNK`);
+* `merge-keeps`: a merge of new rows into the running batch keeps both sources' keys and
+  values until it has copied every layer (the engine before it released them layer by layer;
+  patched in for this arm only);
+* `merge-frees`: the server as `ratchet` starts it.
 
 `--configs A B` compares two of them (the summary's ratios are B over A), each with the
 prefix cache's default budget and two heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py`
@@ -48,6 +52,11 @@ CONFIGS = {  # server flags
     "release": [],
     "one-forward": ["--prefill-chunk", "0"],
     "chunked": [],
+    "merge-keeps": [],
+    "merge-frees": [],
+}
+PRELUDES = {  # run in the server process before `ratchet.server`: arms the server has no flag for
+    "merge-keeps": "import ratchet.server.kv_cache as k; k.GrowingLayer.release = lambda self: None",
 }
 WORDS = (
     "you are in the kitchen pantry corridor a the to north south east west door open coin "
@@ -73,7 +82,13 @@ def rss_mb(pid: int) -> int:
 
 
 def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
-    args = [sys.executable, "-m", "ratchet.server", "--port", str(opts.port)]
+    start = ["-m", "ratchet.server"]
+    if config in PRELUDES:
+        start = [
+            "-c",
+            f"{PRELUDES[config]}; import runpy; runpy.run_module('ratchet.server', run_name='__main__')",
+        ]
+    args = [sys.executable, *start, "--port", str(opts.port)]
     args += ["--models-dir", str(opts.models_dir), "--dtype", dtype]
     args += CONFIGS[config]
     env = dict(os.environ, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")

@@ -332,8 +332,12 @@ class Engine:
         self.stats["requests"] += len(take)
         if batch is None:
             return new
-        with self._clock("kv_seconds"):
-            return _merge(batch, new)
+        try:
+            with self._clock("kv_seconds"):
+                return _merge(batch, new)
+        except Exception as exc:  # the loop fails `batch`'s rows; these are not in it yet
+            self._fail(new, deque(), exc)
+            raise
 
     @contextmanager
     def _clock(self, key: str) -> Iterator[None]:
@@ -650,7 +654,10 @@ def _past_cache(hits: list[tuple[int, Any]], past: int, room: int) -> GrowingCac
 
 def _merge(a: _Batch, b: _Batch) -> _Batch:
     """The live rows of a, then b's, in a new cache: each row's used columns copied once,
-    right-aligned to the widest (finished rows of a and columns nobody uses are left out)."""
+    right-aligned to the widest (finished rows of a and columns nobody uses are left out).
+
+    a's and b's caches are used up: each layer is released once it is copied, so a merge
+    holds one layer twice at a time, not the whole batch (a and b are not used after)."""
     parts = [(x, [i for i, row in enumerate(x.rows) if row.finish is None]) for x in (a, b)]
     firsts = [_first_used(x.attn[rows]) for x, rows in parts]
     width = max(x.attn.shape[1] - first for (x, _), first in zip(parts, firsts, strict=True))
@@ -671,6 +678,8 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
                     j += 1
             kv.append(out)
         cache.adopt(layer, kv[0], kv[1], width)
+        for x, _ in parts:
+            x.cache.layers[layer].release()  # type: ignore[attr-defined]
 
     def pick(t: torch.Tensor, rows: list[int], first: int) -> torch.Tensor:  # [rows, cols]
         t = t[rows][:, first:]

@@ -76,6 +76,14 @@ class GrowingLayer(DynamicLayer):
         else:
             self.keys, self.values = self.keys[:, :, first:], self.values[:, :, first:]
 
+    def release(self) -> None:
+        """Let go of the buffers (the layer holds nothing after): a merge that has copied this
+        layer's rows out frees them before it copies the next layer's."""
+        self._k = self._v = None
+        self._used = 0
+        self.keys = self.values = torch.empty(0)
+        self._published = None
+
     def _owns_views(self) -> bool:
         """Are `keys`/`values` still the views this layer published (nobody replaced them)?"""
         published = self._published

@@ -64,3 +64,41 @@ def test_an_adopted_buffer_is_used_without_a_copy() -> None:
     nk, nv = _kv(2, 1, 3)
     keys, _ = cache.update(nk, nv, 0)
     assert keys.data_ptr() == k.data_ptr() and keys.shape[-2] == 13 and torch.equal(keys[:, :, 12:], nk)
+
+
+def test_a_merge_copies_each_live_row_right_aligned_and_frees_its_sources_layer_by_layer() -> None:
+    """Merging is where an admission held the running batch, the new rows and the merged batch
+    at once; the sources are released as each layer is copied, and nothing copied is lost."""
+    from types import SimpleNamespace
+
+    from ratchet.server.engine import _Batch, _merge
+
+    def batch(rows: int, cols: int, seed: int, finished: set[int] = frozenset()) -> _Batch:
+        cache = GrowingCache()
+        for layer in range(3):
+            cache.update(*_kv(rows, cols, seed + layer), layer)
+        live = [SimpleNamespace(finish="stop" if i in finished else None) for i in range(rows)]
+        return _Batch(
+            None,
+            live,
+            cache,
+            torch.ones(rows, cols, dtype=torch.long),
+            torch.arange(rows),
+            torch.zeros(rows, 5),
+        )
+
+    a, b = batch(3, 10, 0, finished={1}), batch(2, 4, 10)
+    want = [
+        ([a.cache.layers[n].keys[i] for i in (0, 2)], [b.cache.layers[n].keys[i] for i in (0, 1)])
+        for n in range(3)
+    ]
+    merged = _merge(a, b)
+    for n, (from_a, from_b) in enumerate(want):
+        keys = merged.cache.layers[n].keys
+        assert keys.shape[:3] == (4, 3, 10)
+        assert all(torch.equal(keys[j], k) for j, k in enumerate(from_a))
+        assert all(torch.equal(keys[2 + j, :, 6:], k) for j, k in enumerate(from_b))  # right-aligned
+        assert not keys[2:, :, :6].any()  # b's left padding is zeros, never garbage
+    assert merged.attn[2:, :6].sum() == 0 and merged.attn[2:, 6:].all()
+    for layer in [*a.cache.layers, *b.cache.layers]:
+        assert layer._k is None and layer.keys.numel() == 0  # released
