@@ -33,9 +33,9 @@ What it does not do (say so, then nobody is surprised):
 * seeded sampling is reproducible for the same request computed the same way: the same
   batch shape and the same prefix-cache state. Padding in another batch, or a prompt whose
   prefix is cached (its last tokens fed over stored keys instead of with the rest), changes
-  logits in the last bits, which in bfloat16 is enough to flip a sample now and then:
-  measured on the shipped model, a cold request and the same request again (a cache hit)
-  differed within 24 sampled tokens for 6 of 20 seeds in bf16 and 0 of 20 in fp32.
+  logits in the last bits, which in bfloat16 often flips a sample: on the shipped model a
+  cold request and the same request again (a cache hit) differed within 24 sampled tokens
+  for 6 of 20 seeds in bf16, 0 of 20 in fp32 (`python -m bench seeded_replies`).
 """
 
 from __future__ import annotations
@@ -657,7 +657,8 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
     right-aligned to the widest (finished rows of a and columns nobody uses are left out).
 
     a's and b's caches are used up: each layer is released once it is copied, so a merge
-    holds one layer twice at a time, not the whole batch (a and b are not used after)."""
+    holds one layer twice at a time, not the whole batch (a and b are not used after; the
+    server's resident peak did not reliably drop with it: bench/RESULTS.md, server_memory)."""
     parts = [(x, [i for i, row in enumerate(x.rows) if row.finish is None]) for x in (a, b)]
     firsts = [_first_used(x.attn[rows]) for x, rows in parts]
     width = max(x.attn.shape[1] - first for (x, _), first in zip(parts, firsts, strict=True))
