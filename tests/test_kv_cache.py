@@ -73,7 +73,7 @@ def test_a_merge_copies_each_live_row_right_aligned_and_frees_its_sources_layer_
 
     from ratchet.server.engine import _Batch, _merge
 
-    def batch(rows: int, cols: int, seed: int, finished: set[int] = frozenset()) -> _Batch:
+    def batch(rows: int, cols: int, seed: int, finished: frozenset[int] = frozenset()) -> _Batch:
         cache = GrowingCache()
         for layer in range(3):
             cache.update(*_kv(rows, cols, seed + layer), layer)
@@ -87,7 +87,7 @@ def test_a_merge_copies_each_live_row_right_aligned_and_frees_its_sources_layer_
             torch.zeros(rows, 5),
         )
 
-    a, b = batch(3, 10, 0, finished={1}), batch(2, 4, 10)
+    a, b = batch(3, 10, 0, finished=frozenset({1})), batch(2, 4, 10)
     want = [
         ([a.cache.layers[n].keys[i] for i in (0, 2)], [b.cache.layers[n].keys[i] for i in (0, 1)])
         for n in range(3)
