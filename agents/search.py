@@ -5,12 +5,17 @@ once in a hundred rollouts, explore replays the same opening and stores the same
 Where a suite's episodes are deterministic given the task and the actions so far
 (`Suite.replayable`), a stored trajectory is a set of states the loop can return to for free:
 replaying its first steps costs no model call. Search keeps an archive of the states a task's
-trajectories reached (Go-Explore's cells; a state is what the agent saw, `state_key`) and
-spends a budget of model calls at its frontier:
+trajectories reached (Go-Explore's cells: what the agent saw, `state_key`, and the reward
+the rollout had earned by then, so holding the coin is another cell than the same room
+without it) and spends a budget of model calls at its frontier:
 
-* pick a cell: first one where a failure's own signals place the first step that went wrong
-  (`diagnosis.signals`: stagnation, a loop), then the least visited, the deepest first (the
-  nearest the end a rollout got), in a fixed order so a resumed run picks the same;
+* pick a cell: the most progress first (the reward earned on the way there: the suite's
+  progress signal, where it gives one; 0 everywhere is fine), then one where a failure's own
+  signals place the first step that went wrong (`diagnosis.signals`: stagnation, a loop),
+  then the least visited, then the one reached at the least cost, which leaves the most
+  room in the step budget, in a fixed order so a resumed run picks the same. (Deepest
+  first, measured before this order, sent two thirds of a budget to branches with two or
+  three actions left: bench/RESULTS.md, search_gain);
 * replay the shortest stored way to it (`agents.actor.replay_steps`), play a valid action
   never taken from there (`untried_action`), and let the policy go on at the explore
   temperature;
@@ -41,6 +46,7 @@ class Cell:
     """A state a task's trajectories acted from, and the shortest stored way back to it."""
 
     state: str
+    progress: float  # reward the rollout had earned on its way here (the suite's progress signal)
     parent: str  # the trajectory whose first `position` steps lead here at least cost
     position: int
     cost: int  # budget those steps used
@@ -62,7 +68,7 @@ class Archive:
 
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max_steps
-        self.cells: dict[str, Cell] = {}
+        self.cells: dict[tuple[float, str], Cell] = {}
         self._steps: dict[str, list[Step]] = {}
 
     @classmethod
@@ -78,11 +84,11 @@ class Archive:
     def add(self, traj: Trajectory) -> None:
         self._steps[traj.id] = traj.steps
         marked = set() if traj.success else {s.step for s in signals(traj) if s.step is not None}
-        cost = 0
+        cost, progress = 0, 0.0
         for i, step in enumerate(traj.steps):
             if step.moves_on:
-                key = state_key(step)
-                cell = self.cells.setdefault(key, Cell(key, traj.id, i, cost))
+                state = state_key(step)
+                cell = self.cells.setdefault((progress, state), Cell(state, progress, traj.id, i, cost))
                 if cost < cell.cost:  # a shorter way back
                     cell.parent, cell.position, cell.cost = traj.id, i, cost
                 cell.visits += 1
@@ -91,12 +97,14 @@ class Archive:
                 cell.menu = cell.menu if step.menu is None else step.menu
                 cell.marked |= step.index in marked
             cost += step.budget
+            progress += step.reward
 
     def frontier(self) -> list[Cell]:
         """Cells worth a branch, best first: room left in the budget for the branch and a move
-        after it, an action not yet taken there; marked, then least visited, then deepest."""
+        after it, an action not yet taken there; most progress, marked, least visited, then
+        the most room left."""
         open_ = [c for c in self.cells.values() if c.cost + 2 <= self.max_steps and c.untried()]
-        return sorted(open_, key=lambda c: (not c.marked, c.visits, -c.cost, c.state))
+        return sorted(open_, key=lambda c: (-c.progress, not c.marked, c.visits, c.cost, c.state))
 
     def start(self, cell: Cell) -> Start:
         prefix = tuple(self._steps[cell.parent][: cell.position])

@@ -7,15 +7,19 @@ sampled rollouts per task (same slot ids, so the same seeds):
 * **search**: `--rollouts` sampled, then `explore.search = --calls` model calls per train
   task none of them solved (`agents/search.py`);
 * **sampled**: more sampled rollouts per task, as many as it takes to spend at least the
-  model calls the search arm spent in all (the plain way to spend the same budget).
+  model calls the search arm spent in all (the plain way to spend the same budget), or
+  `--sampled` per task, more than that, where sampling succeeds too rarely to be counted
+  at the same budget.
 
 Per arm: train tasks with at least one success (what rules, exemplars and fine-tuning can
 learn from: every learning signal the loop has comes from successes), successes, model
-calls, minutes; and for the search arm, the searched rollouts and where they branched.
+calls, successes per 1,000 model calls (the arm's, and for search its searched rollouts'
+alone) and their ratio, minutes; and for the search arm, the searched rollouts and where
+they branched.
 Mapreader is the default: the shipped model solves about 1 in 100 of its rollouts.
 
     .venv/bin/python -m bench search_gain [--family textworld-express:mapreader] [--train 8]
-        [--rollouts 2] [--calls 40] [--out bench/results/search_gain.json]
+        [--rollouts 2] [--calls 40] [--sampled N] [--out bench/results/search_gain.json]
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Options:
     train: int = option(8, "train tasks")
     rollouts: int = option(2, "sampled rollouts per task in both arms before the search arm searches")
     calls: int = option(40, "search arm: model calls per unsolved train task")
+    sampled: int = option(0, "sampled arm: rollouts per task (0: as many as spend the search arm's calls)")
     concurrency: int = option(8)
     dtype: str = option("auto", "the server's number format", choices=["auto", "bfloat16", "float32"])
     out: Path = option(RESULTS / "search_gain.json")
@@ -85,12 +90,17 @@ def explore_arm(
             "searched_errors": sum(t.status == "error" for t in searched),
             "branch_steps": sorted(t.branch.step for t in searched if t.branch is not None),
             "model_calls": model_calls,
+            "searched_calls": sum(s.source == "model" for t in searched for s in t.steps),
             "sampled_calls_per_rollout": sum(s.source == "model" for t in sampled for s in t.steps)
             / max(1, len(sampled)),
             "minutes": round(minutes, 2),
         }
 
     return one_arm()
+
+
+def per_kilo(successes: int, calls: int) -> float:
+    return 1000 * successes / calls if calls else 0.0
 
 
 def run(args: Options) -> None:
@@ -104,8 +114,19 @@ def run(args: Options) -> None:
         )
         per_task = search["sampled_calls_per_rollout"] * args.train
         more = math.ceil(extra_calls / per_task) if per_task else 0
-        sampled = explore_arm(args.family, args, url, data / "sampled", args.rollouts + more, 0)
+        k = max(args.sampled, args.rollouts + more)
+        sampled = explore_arm(args.family, args, url, data / "sampled", k, 0)
         print(f"sampled arm: {sampled}", flush=True)
+    rates = {
+        "sampled": per_kilo(sampled["sampled_successes"], sampled["model_calls"]),
+        "search_arm": per_kilo(
+            search["sampled_successes"] + search["searched_successes"], search["model_calls"]
+        ),
+        "searched_only": per_kilo(search["searched_successes"], search["searched_calls"]),
+    }
+    ratio = {
+        k: (v / rates["sampled"] if rates["sampled"] else None) for k, v in rates.items() if k != "sampled"
+    }
     lines = [
         "| arm | rollouts | model calls | train tasks solved | successes | minutes |",
         "|---|---|---|---|---|---|",
@@ -117,10 +138,23 @@ def run(args: Options) -> None:
         f"(sampling alone {search['tasks_solved_by_sampling']}) | {search['sampled_successes']} + "
         f"{search['searched_successes']} | {search['minutes']} |",
     ]
+    told = {k: "n/a (sampled found none)" if v is None else f"{v:.1f}x" for k, v in ratio.items()}
+    lines.append(
+        "successes per 1,000 model calls: sampled {sampled:.2f}, search arm {search_arm:.2f}, "
+        "searched rollouts alone {searched_only:.2f}".format(**rates)
+        + "; ratio to sampled: "
+        + ", ".join(f"{k} {v}" for k, v in told.items())
+    )
     print("\n".join(lines))
     write_result(
         "search_gain",
-        {"search": search, "sampled": sampled, "minutes": round((time.perf_counter() - started) / 60, 1)},
+        {
+            "search": search,
+            "sampled": sampled,
+            "successes_per_kilo_call": rates,
+            "ratio_to_sampled": ratio,
+            "minutes": round((time.perf_counter() - started) / 60, 1),
+        },
         args,
         path=args.out,
     )

@@ -20,12 +20,17 @@ from tests.test_actor import SUITE
 POLICY = Policy(model="m")
 
 
-def played(actions: list[str], rollout: int = 0, max_steps: int = 5) -> Trajectory:
-    """A stored trajectory of the counter game (up: +1, down: -1, 2 wins), really played."""
+def played(actions: list[str], rollout: int = 0, max_steps: int = 5, rewards: bool = False) -> Trajectory:
+    """A stored trajectory of the counter game (up: +1, down: -1, 2 wins), really played.
+    The game rewards every action alike, which is no progress signal; unless `rewards`, the
+    stored steps carry none, as on a suite that offers no signal."""
     task = SUITE.make_task("c", "train", 0)
     llm = ScriptedChatModel(script=[call("act", action=a) for a in actions])
     slot = RolloutSlot("evo", 0, task, rollout)
-    return run_rollout(build_actor(llm), SUITE, slot, POLICY, ActorSettings(max_steps=max_steps))
+    traj = run_rollout(build_actor(llm), SUITE, slot, POLICY, ActorSettings(max_steps=max_steps))
+    if not rewards:
+        traj.steps = [s.model_copy(update={"reward": 0.0}) for s in traj.steps]
+    return traj
 
 
 def searched(start: Start, script: list, max_steps: int = 5) -> tuple[Trajectory, ScriptedChatModel]:
@@ -84,6 +89,27 @@ def test_the_archive_branches_first_where_a_failure_went_wrong_then_where_least_
     full = Archive.of([loop, both], max_steps=5)
     zero = next(c for c in full.cells.values() if c.state.startswith("value 0 valid"))  # back at 0
     assert zero.taken == {"act: up", "act: down"} and not zero.untried() and zero not in full.frontier()
+
+
+def test_the_archive_goes_to_the_most_progress_first_then_to_the_most_room_left():
+    """A state reached after the suite's progress signal moved is another cell than the same
+    state before it, and branches first; among equals, the cell reached at the least cost
+    (deepest first sent most of a measured budget to branches with no room left)."""
+    down = played(["down"] * 6, max_steps=6)
+    frontier = Archive.of([down], max_steps=6).frontier()
+    assert frontier[0].marked  # the repeated action's first step
+    assert [c.cost for c in frontier[1:]] == [0, 2, 3, 4]  # equally visited: the most room left first
+    # the same steps, where the third action earned a reward (say, the coin was taken)
+    gained = down.model_copy(deep=True)
+    gained.steps[2].reward = 0.5
+    frontier = Archive.of([gained], max_steps=6).frontier()
+    assert [(c.progress, c.cost) for c in frontier] == [(0.5, 3), (0.5, 4), (0.0, 1), (0.0, 0), (0.0, 2)]
+    # back at 'value 0' after a reward is another cell than 'value 0' before it
+    there_and_back = played(["down", "up", "up", "down", "down", "down"], max_steps=6)
+    there_and_back.steps[2].reward = 0.5
+    cells = Archive.of([there_and_back], max_steps=6).cells.values()
+    zero = [c for c in cells if c.state.startswith("value 0 valid")]
+    assert sorted((c.progress, c.visits) for c in zero) == [(0.0, 1), (0.5, 1)]
 
 
 def test_search_slots_stop_at_a_success_or_a_spent_budget_and_never_touch_dev_or_test():
