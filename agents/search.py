@@ -50,7 +50,9 @@ class Cell:
     parent: str  # the trajectory whose first `position` steps lead here at least cost
     position: int
     cost: int  # budget those steps used
-    visits: int = 0  # steps taken from this state, over every trajectory
+    # steps played from this state, over every trajectory; a replayed step tried nothing new
+    # there (counted, every branch's way back made the shallow cells look the most visited)
+    visits: int = 0
     taken: set[str] = field(default_factory=set)  # what they took (`call_text` form)
     menu: list[str] | None = None  # the actions offered here, where a step recorded them
     marked: bool = False  # a failure's first step that went wrong acted from here
@@ -91,7 +93,7 @@ class Archive:
                 cell = self.cells.setdefault((progress, state), Cell(state, progress, traj.id, i, cost))
                 if cost < cell.cost:  # a shorter way back
                     cell.parent, cell.position, cell.cost = traj.id, i, cost
-                cell.visits += 1
+                cell.visits += step.source != "replay"
                 if step.tool_call is not None:
                     cell.taken.add(call_text(step.tool_call))
                 cell.menu = cell.menu if step.menu is None else step.menu

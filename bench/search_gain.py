@@ -19,11 +19,12 @@ they branched.
 Mapreader is the default: the shipped model solves about 1 in 100 of its rollouts.
 
     .venv/bin/python -m bench search_gain [--family textworld-express:mapreader] [--train 8]
-        [--rollouts 2] [--calls 40] [--sampled N] [--out bench/results/search_gain.json]
+        [--rollouts 2] [--calls 40] [--sampled N] [--sampled-from FILE] [--out bench/results/search_gain.json]
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ class Options:
     rollouts: int = option(2, "sampled rollouts per task in both arms before the search arm searches")
     calls: int = option(40, "search arm: model calls per unsolved train task")
     sampled: int = option(0, "sampled arm: rollouts per task (0: as many as spend the search arm's calls)")
+    sampled_from: Path | None = option(
+        None, "play the search arm only; the sampled arm is this earlier result file's (same tasks and seeds)"
+    )
     concurrency: int = option(8)
     dtype: str = option("auto", "the server's number format", choices=["auto", "bfloat16", "float32"])
     out: Path = option(RESULTS / "search_gain.json")
@@ -115,7 +119,14 @@ def run(args: Options) -> None:
         per_task = search["sampled_calls_per_rollout"] * args.train
         more = math.ceil(extra_calls / per_task) if per_task else 0
         k = max(args.sampled, args.rollouts + more)
-        sampled = explore_arm(args.family, args, url, data / "sampled", k, 0)
+        if args.sampled_from is not None:  # sampling does not depend on how search picks its cells
+            sampled = json.loads(args.sampled_from.read_text())["sampled"]
+            if sampled["tasks"] != args.train:
+                raise SystemExit(
+                    f"{args.sampled_from} explored {sampled['tasks']} tasks, not --train {args.train}"
+                )
+        else:
+            sampled = explore_arm(args.family, args, url, data / "sampled", k, 0)
         print(f"sampled arm: {sampled}", flush=True)
     rates = {
         "sampled": per_kilo(sampled["sampled_successes"], sampled["model_calls"]),

@@ -135,3 +135,19 @@ def test_fresh_clone_runs_the_readmes_three_commands_and_ci_runs_two_of_them() -
     assert install in ci and test in ci  # CI calls exactly the README's install and test commands
     block = "```bash\n# a comment\n./a.sh   # what it does\n\nb --flag 'x # y'\n```\ntext\n```\nc\n```"
     assert readme_commands(block) == ["./a.sh", "b --flag 'x # y'"]
+
+
+def test_cold_start_arms_differ_only_in_how_they_explore_and_train(tmp_path: Path) -> None:
+    from bench.cold_start import Options, arm_settings, explore_rows
+
+    opts = Options(k=4, search_k=2, calls=44, train=5, overrides=["explore.temperature=0.5"])
+    sampled, search, dpo = (arm_settings(a, tmp_path, opts) for a in ("sampled", "search", "search-dpo"))
+    assert (sampled.explore.rollouts_per_task, sampled.explore.search) == (4, 0)
+    assert (search.explore.rollouts_per_task, search.explore.search) == (2, 44)
+    assert not search.finetune.dpo.enabled and dpo.finetune.dpo.enabled
+    for s in (sampled, search, dpo):  # the policy's own rollouts only, and the same tasks
+        assert not s.explore.experts and s.splits.train == 5 and s.explore.temperature == 0.5
+        assert s.suite == "textworld-express:mapreader"
+    assert len({s.data_dir for s in (sampled, search, dpo)}) == 3
+    assert explore_rows(sampled) == []  # an arm that has not run yet has no rows, and no store made
+    assert not sampled.trajectories_db.exists()

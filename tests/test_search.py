@@ -34,9 +34,12 @@ def played(actions: list[str], rollout: int = 0, max_steps: int = 5, rewards: bo
 
 
 def searched(start: Start, script: list, max_steps: int = 5) -> tuple[Trajectory, ScriptedChatModel]:
+    """A searched rollout from `start`, its steps without rewards as `played` stores them."""
     llm = ScriptedChatModel(script=script)
     slot = RolloutSlot("evo", 0, SUITE.make_task("c", "train", 0), SEARCH_ROLLOUT, start=start)
-    return run_rollout(build_actor(llm), SUITE, slot, POLICY, ActorSettings(max_steps=max_steps, seed=3)), llm
+    traj = run_rollout(build_actor(llm), SUITE, slot, POLICY, ActorSettings(max_steps=max_steps, seed=3))
+    traj.steps = [s.model_copy(update={"reward": 0.0}) for s in traj.steps]
+    return traj, llm
 
 
 def test_a_searched_rollout_replays_its_way_back_without_the_model_then_branches():
@@ -110,6 +113,16 @@ def test_the_archive_goes_to_the_most_progress_first_then_to_the_most_room_left(
     cells = Archive.of([there_and_back], max_steps=6).cells.values()
     zero = [c for c in cells if c.state.startswith("value 0 valid")]
     assert sorted((c.progress, c.visits) for c in zero) == [(0.0, 1), (0.5, 1)]
+
+
+def test_a_branchs_way_back_is_no_visit_to_the_states_it_replays():
+    parent = played(["down", "down", "up", "down", "down"])
+    start = Start(parent=parent.id, prefix=tuple(parent.steps[:2]), away=frozenset({"act: down"}))
+    child, _ = searched(start, [call("act", action="up")] * 3)
+    cells = Archive.of([parent, child], max_steps=5).cells.values()
+    first = next(c for c in cells if c.state == "value 0")
+    assert first.visits == 1  # the parent's step; the child replayed it
+    assert sum(c.visits for c in cells) == 5 + 3  # the parent's 5 steps, the child's branch and 2 more
 
 
 def test_search_slots_stop_at_a_success_or_a_spent_budget_and_never_touch_dev_or_test():
@@ -224,3 +237,47 @@ def test_the_explore_flow_searches_from_stored_states_on_the_real_game(embedded_
     )[0]
     assert run.data.metrics["explore_searched_rollouts"] == len(found)
     assert run.data.params["explore_search_calls"] == "4"
+
+
+@pytest.mark.integration  # the real model server, TextWorldExpress (Java), Prefect and MLflow
+def test_a_searched_success_on_the_real_game_reaches_the_training_data(embedded_server: str, tmp_path: Path):
+    """Coin train task 1 starts in the coin's room: `take coin` is one of the 5 first actions.
+    With a budget of 2 actions the only branch point is the first state, and search tries an
+    untried first action each round, so within the budget it plays `take coin`: a searched
+    success, which the fine-tune stage's dataset takes as it takes a sampled one."""
+    from ratchet.config import load_settings
+    from ratchet.flows.explore import explore
+    from ratchet.flows.finetune import train_successes, training_dataset
+    from ratchet.flows.launch import run_flow
+    from ratchet.memory.trajectory_store import open_store
+
+    settings = load_settings(
+        {
+            "data_dir": tmp_path,
+            "suite": "textworld-express:coin",
+            "splits.train": 2,
+            "explore.rollouts_per_task": 1,
+            "explore.temperature": 0.01,
+            "explore.epsilon": 0.0,
+            "explore.experts": False,
+            "explore.search": 8,  # a round costs one model call: 5 first actions fit
+            "max_steps": 2,
+        }
+    )
+    run_flow(explore, settings, generation=0, base_url=embedded_server)
+    store = open_store(settings.trajectories_db)
+    trajs = store.query(evolution="default", generation=0, task_id="textworld-express:coin:train:1")
+    sampled = [t for t in trajs if t.branch is None]
+    won = [t for t in trajs if t.branch is not None and t.success]
+    # the premise: the nearly greedy shipped model does not take the coin by itself here
+    assert len(sampled) == 1 and not sampled[0].success
+    assert len(won) == 1, [(t.branch, [s.tool_call for s in t.steps]) for t in trajs]
+    searched = won[0]
+    assert searched.branch.step == 0 and searched.steps[0].source == "search"
+    assert searched.steps[0].tool_call.args == {"action": "take coin"}
+    successes = train_successes(settings, store)
+    data = training_dataset(settings, successes)
+    store.close()
+    assert searched.id in data.sources
+    mine = [e for e in data.examples if e.trajectory_id == searched.id]
+    assert [e.target["tool_calls"][0]["function"]["arguments"] for e in mine] == ['{"action": "take coin"}']
