@@ -90,7 +90,8 @@ class Archive:
         for i, step in enumerate(traj.steps):
             if step.moves_on:
                 state = state_key(step)
-                cell = self.cells.setdefault((progress, state), Cell(state, progress, traj.id, i, cost))
+                key = (round(progress, 6), state)  # a sum of float rewards: 0.1 + 0.2 is 0.3 here
+                cell = self.cells.setdefault(key, Cell(state, key[0], traj.id, i, cost))
                 if cost < cell.cost:  # a shorter way back
                     cell.parent, cell.position, cell.cost = traj.id, i, cost
                 cell.visits += step.source != "replay"
