@@ -151,3 +151,27 @@ def test_cold_start_arms_differ_only_in_how_they_explore_and_train(tmp_path: Pat
     assert len({s.data_dir for s in (sampled, search, dpo)}) == 3
     assert explore_rows(sampled) == []  # an arm that has not run yet has no rows, and no store made
     assert not sampled.trajectories_db.exists()
+
+
+def test_dpo_gain_trains_both_arms_on_the_same_train_trajectories(tmp_path: Path) -> None:
+    from bench.dpo_gain import Options, copy_train, settings_for
+    from ratchet.memory.trajectory_store import open_store
+    from tests.factories import traj
+
+    opts = Options(train=3, k=2)
+    shared, sft, dpo = (settings_for(tmp_path / n, opts, n == "dpo") for n in ("explore", "sft", "dpo"))
+    assert not sft.finetune.dpo.enabled and dpo.finetune.dpo.enabled and not shared.finetune.dpo.enabled
+    assert sft.evolution == dpo.evolution == shared.evolution and not sft.explore.experts
+    won = traj(["take coin"], success=True).model_copy(update={"evolution": shared.evolution})
+    lost = traj(["look around"], success=False).model_copy(update={"evolution": shared.evolution})
+    test = won.model_copy(update={"id": "t", "split": "test", "task_id": "textworld-express:coin:test:1"})
+    other = won.model_copy(update={"id": "o", "evolution": "another"})
+    store = open_store(shared.trajectories_db)
+    for t in (won, lost, test, other):
+        store.put(t)
+    store.close()
+    assert copy_train(shared, sft) == copy_train(shared, dpo) == 2  # train, this evolution: nothing else
+    for s in (sft, dpo):
+        store = open_store(s.trajectories_db)
+        assert sorted(t.id for t in store.query(evolution=s.evolution)) == sorted([won.id, lost.id])
+        store.close()
