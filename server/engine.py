@@ -40,6 +40,7 @@ What it does not do (say so, then nobody is surprised):
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -61,6 +62,7 @@ from ratchet.server import attention, prefix_cache
 from ratchet.server.kv_cache import GrowingCache, spare
 from ratchet.server.memory import release_free_memory
 from ratchet.server.prefix_cache import PrefixCache
+from ratchet.server.schema_bounds import bound_patterns
 
 log = logging.getLogger("ratchet.server")
 
@@ -570,8 +572,12 @@ class Engine:
 
 def compile_json_schema(compiler: xgr.GrammarCompiler, schema: str) -> xgr.CompiledGrammar:
     """The grammar a `response_format` JSON schema is constrained by: compact JSON (no free
-    whitespace for a model to loop in), no properties beyond the schema's."""
-    return compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"), strict_mode=True)
+    whitespace for a model to loop in), no properties beyond the schema's, and a string's
+    length bound kept where it also has a pattern (`server.schema_bounds`)."""
+    bounded = json.dumps(bound_patterns(json.loads(schema)))
+    return compiler.compile_json_schema(
+        bounded, any_whitespace=False, separators=(",", ":"), strict_mode=True
+    )
 
 
 def prefill_chunks(rows: int, width: int, budget: int) -> list[tuple[int, int]]:

@@ -74,3 +74,48 @@ def test_a_skill_name_is_bounded_by_its_pattern_and_admits_what_the_validator_do
     for bad in ["a" * 17, at_bound + "-a"]:
         with pytest.raises(ValueError):
             names.validate_python(bad)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "bounded"),
+    [
+        ("^[a-z]+$", "^[a-z]{1,5}$"),
+        ("[A-Z]*", "[A-Z]{0,5}"),
+        (r"^\d+$", r"^\d{1,5}$"),
+        ("^.+$", "^.{1,5}$"),
+        (r"^[^\]x]+$", r"^[^\]x]{1,5}$"),  # an escaped bracket inside the class
+    ],
+)
+def test_a_repeated_atoms_length_bound_moves_into_its_pattern(pattern: str, bounded: str) -> None:
+    from ratchet.server.schema_bounds import bounded_pattern
+
+    assert bounded_pattern(pattern, None, 5) == bounded
+    field = {"type": "string", "pattern": pattern, "maxLength": 5}
+    sample = {"^[a-z]+$": "a", "[A-Z]*": "A", r"^\d+$": "7", "^.+$": "a", r"^[^\]x]+$": "a"}[pattern]
+    assert _admits(field, sample * 5) and not _admits(field, sample * 6) and not _admits(field, sample * 40)
+
+
+def test_length_bounds_the_pattern_cannot_carry_are_left_as_written() -> None:
+    from ratchet.server.schema_bounds import bound_patterns, bounded_pattern
+
+    for pattern in ["^(ab)+$", "^[a-z]+-[a-z]+$", "^a|b+$", r"^\w+\s\w+$", "^[a-z]{2,9}$"]:
+        assert bounded_pattern(pattern, None, 5) is None, pattern
+    assert bounded_pattern("^[a-z]+$", None, None) is None  # no bound, nothing to move
+    assert bounded_pattern("^[a-z]*$", 3, None) == "^[a-z]{3,}$"
+    assert bounded_pattern("^[a-z]+$", 9, 5) is None  # contradictory: the validator's to refuse
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "pattern": "^[A-Za-z ]+$", "maxLength": 12},
+            "pattern": {"type": "string", "maxLength": 3},  # a property named like the keyword
+            "mode": {"enum": [{"pattern": "^x+$", "maxLength": 1}]},  # a value, not a schema
+        },
+    }
+    out = bound_patterns(schema)
+    assert out["properties"]["city"]["pattern"] == "^[A-Za-z ]{1,12}$"
+    assert out["properties"]["pattern"] == {"type": "string", "maxLength": 3}
+    assert out["properties"]["mode"] == schema["properties"]["mode"]
+    assert schema["properties"]["city"]["pattern"] == "^[A-Za-z ]+$"  # the caller's schema unchanged
+    # through the server's compile: a city can no longer run past its bound
+    city = out["properties"]["city"] | {"pattern": "^[A-Za-z ]+$"}
+    assert _admits(city, "New York") and not _admits(city, "a" * 13)
