@@ -98,6 +98,7 @@ def report_rows(journal: Journal, settings: Settings | None = None) -> list[dict
             if r.vs_random_p is not None
             else levels.get(r.generation, {}).get("p"),
             "explore_success": r.explore_success,
+            "explore_searched": r.explore_searched,
             "promoted": [f"{n} ({kinds[n]})" if n in kinds else n for n in r.promoted],
             "rejected": r.rejected,
             "adapter": r.adapter,
@@ -157,6 +158,8 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
             test = "—" if r["n"] is None else f"{r['successes']}/{r['n']} = {r['success']:.0%}"
             ci = "—" if r["ci95"] is None else f"{r['ci95'][0]:.0%}–{r['ci95'][1]:.0%}"
             explore = "—" if r["explore_success"] is None else f"{r['explore_success']:.0%}"
+            if r.get("explore_searched"):
+                explore += " +{1}/{0} searched".format(*r["explore_searched"])
             adapter = r["adapter"] + (f" ({r['adapter_gate']})" if r["adapter_gate"] else "")
             promoted = ", ".join(r["promoted"]) or "—"
             rnd = "n/a" if r.get("random") is None else f"{r['random']:.0%}"

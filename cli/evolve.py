@@ -10,6 +10,17 @@ from ratchet.cli.common import console
 from ratchet.config import Settings
 
 
+def explored(row: Any) -> str:
+    """Explore's column: the sampled rollouts' success, and what search found after them."""
+    if row.explore_success is None:
+        return "—"
+    rate = f"{row.explore_success:.0%}"
+    if row.explore_searched is None:
+        return rate
+    n, k = row.explore_searched
+    return f"{rate} +{k}/{n} searched"
+
+
 def bar(row: Any) -> str:
     """'53%/100%': random's and gold's levels on the same tasks; ▲ when the policy beats random
     (one-sided sign test, p <= 0.05)."""
@@ -45,7 +56,7 @@ def print_evolution(settings: Settings, journal: Any) -> None:
             str(row.generation),
             test,
             bar(row),
-            "—" if row.explore_success is None else f"{row.explore_success:.0%}",
+            explored(row),
             str(row.candidates),
             ", ".join(row.promoted) or "—",
             str(row.rejected),

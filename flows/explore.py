@@ -48,18 +48,18 @@ def explore_stage(rt: LoopRuntime, generation: int, policy: Policy) -> StageResu
     if s.explore.experts:
         seed_experts(rt, generation)
     if e.search:
-        search_stage(rt, generation, policy, settings_for)
+        result.searched = search_stage(rt, generation, policy, settings_for)
     return result
 
 
 def search_stage(
     rt: LoopRuntime, generation: int, policy: Policy, settings_for: Callable[[RolloutSlot], ActorSettings]
-) -> int:
+) -> tuple[int, int]:
     """Rounds of searched rollouts (`agents/search.py`), one per still-searched train task a
-    round, each round's slots played in parallel; returns how many were played or found stored."""
+    round, each round's slots played in parallel; returns the generation's searched rollouts
+    (played now or found stored) and how many of them succeeded."""
     s = rt.settings
     tasks = rt.suite.tasks("train", s.splits.train)
-    played = 0
     for round_ in range(s.explore.search):  # a searched rollout makes at least one call, or ends its task
         stored = {
             t.id: rt.store.query(evolution=s.evolution, generation=generation, task_id=t.id) for t in tasks
@@ -76,14 +76,13 @@ def search_stage(
         if not slots:
             break
         play(rt, [(sl, policy) for sl in slots], settings_for, "search")
-        played += len(slots)
+    searched = [
+        t
+        for task in tasks
+        for t in rt.store.query(evolution=s.evolution, generation=generation, task_id=task.id)
+        if t.branch is not None
+    ]
     if mlflow.active_run() is not None:
-        searched = [
-            t
-            for task in tasks
-            for t in rt.store.query(evolution=s.evolution, generation=generation, task_id=task.id)
-            if t.branch is not None
-        ]
         mlflow.log_metrics(
             {
                 "explore_searched_rollouts": len(searched),
@@ -91,7 +90,7 @@ def search_stage(
                 "explore_searched_calls": sum(st.source == "model" for t in searched for st in t.steps),
             }
         )
-    return played
+    return len(searched), sum(t.success for t in searched)
 
 
 def seed_experts(rt: LoopRuntime, generation: int) -> int:

@@ -47,6 +47,7 @@ class GenerationRow:
     test_ci95: tuple[float, float] | None = None
     explore_success: float | None = None  # train split, sampled (T = explore.temperature)
     explore_ci95: tuple[float, float] | None = None
+    explore_searched: tuple[int, int] | None = None  # searched rollouts after the sampled ones, successes
     candidates: int = 0  # gated by verify this generation
     promoted: list[str] = field(default_factory=list)
     rejected: int = 0

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 def fill_explore(row: GenerationRow, s: dict[str, Any]) -> None:
     row.explore_success = s["success_rate"]
     row.explore_ci95 = tuple(s["ci95"])  # type: ignore[assignment]
+    if "searched" in s:
+        row.explore_searched = tuple(s["searched"])  # type: ignore[assignment]
 
 
 def fill_verify(row: GenerationRow, s: dict[str, Any]) -> None:

@@ -253,6 +253,7 @@ class StageResult:
     vs_random: VersusRandom | None = None  # evaluate: the policy against random, task by task
     model_id: str = ""  # the policy's agent version in MLflow ('' outside a tracked run)
     slot_ids: list[str] = field(default_factory=list, repr=False)  # the trajectory ids it played, in order
+    searched: tuple[int, int] | None = None  # explore with search: searched rollouts, their successes
 
     def summary(self) -> dict[str, Any]:
         """The journal's record of the stage (`ratchet.flows.stage.StageOutcome`)."""
@@ -267,6 +268,7 @@ class StageResult:
             "policy_version": self.policy_version,
             **({"baselines": self.baselines.summary()} if self.baselines else {}),
             **({"vs_random": asdict(self.vs_random)} if self.vs_random else {}),
+            **({"searched": list(self.searched)} if self.searched is not None else {}),
         }
 
     def render(self, console: Console, settings: Settings, run_id: str | None = None) -> None:

@@ -125,6 +125,19 @@ def test_a_branchs_way_back_is_no_visit_to_the_states_it_replays():
     assert sum(c.visits for c in cells) == 5 + 3  # the parent's 5 steps, the child's branch and 2 more
 
 
+def test_the_evolve_table_says_what_search_found_beside_the_sampled_success():
+    from ratchet.cli.evolve import explored
+    from ratchet.flows.journal import GenerationRow
+    from ratchet.flows.loop import fill_explore
+
+    row = GenerationRow(generation=1)
+    fill_explore(row, {"success_rate": 0.0, "ci95": [0.0, 0.14]})  # a journal from before search
+    assert row.explore_searched is None and explored(row) == "0%"
+    fill_explore(row, {"success_rate": 0.0, "ci95": [0.0, 0.14], "searched": [76, 1]})
+    assert explored(row) == "0% +1/76 searched"
+    assert explored(GenerationRow(generation=0)) == "—"
+
+
 def test_search_slots_stop_at_a_success_or_a_spent_budget_and_never_touch_dev_or_test():
     task = SUITE.make_task("c", "train", 0)
     fail = played(["down", "down", "up", "down", "down"])
@@ -208,10 +221,14 @@ def test_the_explore_flow_searches_from_stored_states_on_the_real_game(embedded_
             "max_steps": 3,
         }
     )
-    run_flow(explore, settings, generation=0, base_url=embedded_server)
+    result = run_flow(explore, settings, generation=0, base_url=embedded_server)
     store = open_store(settings.trajectories_db)
     trajs = store.query(evolution="default", generation=0)
     by_id = {t.id: t for t in trajs}
+    # the stage's record says what search found beside what sampling did
+    searched = [t for t in trajs if t.branch is not None]
+    assert result.searched == (len(searched), sum(t.success for t in searched)) and result.report.n == 1
+    assert result.summary()["searched"] == list(result.searched)
     sampled = [t for t in trajs if t.branch is None]
     found = [t for t in trajs if t.branch is not None]
     assert len(sampled) == 1 and all(t.split == "train" for t in trajs)
