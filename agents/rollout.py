@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +26,13 @@ from ratchet.types import Branch, Policy, PromptRecord, SkillText, Step, Task, T
 class Start:
     """How a searched rollout begins (`agents/search.py`): replay `prefix`, the first steps of
     the stored trajectory `parent`, then play a valid action not in `away` (those taken from
-    that state before), then let the policy go on."""
+    that state before), then let the policy go on, offered at a state of `known` only what
+    was never taken there while anything is left (`RolloutContext.known`)."""
 
     parent: str
     prefix: tuple[Step, ...]
     away: frozenset[str]
+    known: Mapping[tuple[float, str], frozenset[str]] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def branch(self) -> Branch:
@@ -90,7 +93,7 @@ def run_rollout(
             prompt = ctx.prompt_record(state["task"], first.observation)
             if slot.start is not None:  # searched: back to the branch point without the model
                 state["messages"] = replay_steps(ctx, list(slot.start.prefix))
-                ctx.branch_away = slot.start.away
+                ctx.branch_away, ctx.known = slot.start.away, slot.start.known
             actor.invoke(
                 state,
                 context=ctx,

@@ -57,7 +57,12 @@ def action_path(traj: Trajectory) -> list[tuple[int, str]]:
 
 def state_key(step: Step) -> str:
     """What the agent saw before acting, as a comparable stand-in for the environment state."""
-    return " ".join(step.observation.lower().split())
+    return seen_key(step.observation)
+
+
+def seen_key(observation: str) -> str:
+    """`state_key` of a step that saw `observation` (with its options, as a step records it)."""
+    return " ".join(observation.lower().split())
 
 
 @dataclass

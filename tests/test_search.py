@@ -14,32 +14,43 @@ from ratchet.agents.search import SEARCH_ROLLOUT, Archive, search_slots
 from ratchet.agents.testing import ScriptedChatModel, call
 from ratchet.errors import ConfigError
 from ratchet.flows.runtime import check_search
-from ratchet.types import Policy, Trajectory
-from tests.test_actor import SUITE
+from ratchet.suites.base import Episode, StepResult
+from ratchet.types import Policy, Task, ToolCall, Trajectory
+from tests.test_actor import SUITE, Counter, CounterSuite
 
 POLICY = Policy(model="m")
 
 
-def played(actions: list[str], rollout: int = 0, max_steps: int = 5, rewards: bool = False) -> Trajectory:
-    """A stored trajectory of the counter game (up: +1, down: -1, 2 wins), really played.
-    The game rewards every action alike, which is no progress signal; unless `rewards`, the
-    stored steps carry none, as on a suite that offers no signal."""
-    task = SUITE.make_task("c", "train", 0)
+class Scored(Counter):
+    """The counter game rewarding only its goal, as a score delta does: no progress signal
+    before it, as on a suite that offers none (the plain game rewards every action alike)."""
+
+    def step(self, c: ToolCall) -> StepResult:
+        result = super().step(c)
+        result.reward = 1.0 if result.success else 0.0
+        return result
+
+
+class ScoredSuite(CounterSuite):
+    def episode(self, task: Task) -> Episode:
+        return Scored(task)
+
+
+GAME = ScoredSuite()
+
+
+def played(actions: list[str], rollout: int = 0, max_steps: int = 5) -> Trajectory:
+    """A stored trajectory of the counter game (up: +1, down: -1, 2 wins), really played."""
+    task = GAME.make_task("c", "train", 0)
     llm = ScriptedChatModel(script=[call("act", action=a) for a in actions])
     slot = RolloutSlot("evo", 0, task, rollout)
-    traj = run_rollout(build_actor(llm), SUITE, slot, POLICY, ActorSettings(max_steps=max_steps))
-    if not rewards:
-        traj.steps = [s.model_copy(update={"reward": 0.0}) for s in traj.steps]
-    return traj
+    return run_rollout(build_actor(llm), GAME, slot, POLICY, ActorSettings(max_steps=max_steps))
 
 
 def searched(start: Start, script: list, max_steps: int = 5) -> tuple[Trajectory, ScriptedChatModel]:
-    """A searched rollout from `start`, its steps without rewards as `played` stores them."""
     llm = ScriptedChatModel(script=script)
-    slot = RolloutSlot("evo", 0, SUITE.make_task("c", "train", 0), SEARCH_ROLLOUT, start=start)
-    traj = run_rollout(build_actor(llm), SUITE, slot, POLICY, ActorSettings(max_steps=max_steps, seed=3))
-    traj.steps = [s.model_copy(update={"reward": 0.0}) for s in traj.steps]
-    return traj, llm
+    slot = RolloutSlot("evo", 0, GAME.make_task("c", "train", 0), SEARCH_ROLLOUT, start=start)
+    return run_rollout(build_actor(llm), GAME, slot, POLICY, ActorSettings(max_steps=max_steps, seed=3)), llm
 
 
 def test_a_searched_rollout_replays_its_way_back_without_the_model_then_branches():
@@ -136,6 +147,28 @@ def test_the_evolve_table_says_what_search_found_beside_the_sampled_success():
     fill_explore(row, {"success_rate": 0.0, "ci95": [0.0, 0.14], "searched": [76, 1]})
     assert explored(row) == "0% +1/76 searched"
     assert explored(GenerationRow(generation=0)) == "—"
+
+
+def test_after_the_branch_the_policy_is_offered_only_what_was_never_taken_at_a_known_state():
+    from tests.test_actor import _offered
+
+    parent = played(["down", "up", "down", "up", "down"])  # 0 -> -1 -> 0 -> -1 -> 0: a loop
+    archive = Archive.of([parent], max_steps=5)
+    first = next(c for c in archive.cells.values() if c.state == "value 0")
+    start = archive.start(first)  # back to the start; the branch plays 'up', never taken there
+    assert start.known[(0.0, "value 0 valid now: up, down (at 0)")] == {"act: down"}
+    traj, llm = searched(
+        start, [call("act", action="down"), call("act", action="up"), call("act", action="up")]
+    )
+    assert [s.tool_call.args["action"] for s in traj.steps] == ["up", "down", "up", "up"]
+    assert _offered(llm, 0) == ["up", "down"]  # 'value 1': no stored trajectory was there
+    assert _offered(llm, 1) == ["up"]  # back at 0 (with options): the parent took 'down' there
+    assert "search-untried" in traj.steps[2].rules and "search-untried" not in traj.steps[1].rules
+    # the rollout's own steps count too: back at 'value 1', where it went 'down' before
+    assert _offered(llm, 2) == ["up"] and "search-untried" in traj.steps[3].rules
+    # a sampled rollout is offered the whole menu at the same states
+    again = played(["up", "down", "up"])
+    assert all(not s.rules for s in again.steps)
 
 
 def test_search_slots_stop_at_a_success_or_a_spent_budget_and_never_touch_dev_or_test():
