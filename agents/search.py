@@ -9,18 +9,13 @@ trajectories reached (Go-Explore's cells: what the agent saw, `state_key`, and t
 the rollout had earned by then, so holding the coin is another cell than the same room
 without it) and spends a budget of model calls at its frontier:
 
-* pick a cell, in a fixed order so a resumed run picks the same, by one of two orders in
-  turn (rounds alternate):
-  - *ahead*: the most progress first (the reward earned on the way there: the suite's
-    progress signal, where it gives one; 0 everywhere is fine), then one where a failure's
-    own signals place the first step that went wrong (`diagnosis.signals`: stagnation, a
-    loop), then the least visited, then the one reached at the least cost;
-  - *wide*: marked, then the least visited, then the most room left, whatever the progress.
-  Ahead alone spends the budget where the policy's rollouts got furthest, which on mapreader
-  is late (they take the coin after many wasted actions), so a branch there has a few
-  actions left; wide gives room to find a shorter way there. (Deepest first, measured before
-  both, sent two thirds of a budget to branches with two or three actions left:
-  bench/RESULTS.md, search_gain);
+* pick a cell: the most progress first (the reward earned on the way there: the suite's
+  progress signal, where it gives one; 0 everywhere is fine), then one where a failure's own
+  signals place the first step that went wrong (`diagnosis.signals`: stagnation, a loop),
+  then the least visited, then the one reached at the least cost, which leaves the most
+  room in the step budget, in a fixed order so a resumed run picks the same. (Deepest
+  first, measured before this order, sent two thirds of a budget to branches with two or
+  three actions left: bench/RESULTS.md, search_gain);
 * replay the shortest stored way to it (`agents.actor.replay_steps`), play a valid action
   never taken from there (`untried_action`), and let the policy go on at the explore
   temperature;
@@ -110,13 +105,12 @@ class Archive:
             cost += step.budget
             progress += step.reward
 
-    def frontier(self, wide: bool = False) -> list[Cell]:
+    def frontier(self) -> list[Cell]:
         """Cells worth a branch, best first: room left in the budget for the branch and a move
         after it, an action not yet taken there; most progress, marked, least visited, then
-        the most room left (`wide`: progress not first)."""
+        the most room left."""
         open_ = [c for c in self.cells.values() if c.cost + 2 <= self.max_steps and c.untried()]
-        ahead = not wide
-        return sorted(open_, key=lambda c: (-c.progress * ahead, not c.marked, c.visits, c.cost, c.state))
+        return sorted(open_, key=lambda c: (-c.progress, not c.marked, c.visits, c.cost, c.state))
 
     def start(self, cell: Cell) -> Start:
         prefix = tuple(self._steps[cell.parent][: cell.position])
@@ -151,7 +145,7 @@ def search_slots(
         spent, solved = standing(mine)
         if solved or spent >= calls:
             continue
-        frontier = (archive := Archive.of(mine, max_steps(task))).frontier(wide=round_ % 2 == 1)
+        frontier = (archive := Archive.of(mine, max_steps(task))).frontier()
         if frontier:
             start = archive.start(frontier[0])
             slots.append(RolloutSlot(evolution, generation, task, SEARCH_ROLLOUT + round_, start=start))

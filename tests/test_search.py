@@ -118,11 +118,6 @@ def test_the_archive_goes_to_the_most_progress_first_then_to_the_most_room_left(
     gained.steps[2].reward = 0.5
     frontier = Archive.of([gained], max_steps=6).frontier()
     assert [(c.progress, c.cost) for c in frontier] == [(0.5, 3), (0.5, 4), (0.0, 1), (0.0, 0), (0.0, 2)]
-    wide = Archive.of([gained], max_steps=6).frontier(wide=True)  # every other round: room first
-    assert [(c.progress, c.cost) for c in wide] == [(0.0, 1), (0.0, 0), (0.0, 2), (0.5, 3), (0.5, 4)]
-    task = GAME.make_task("c", "train", 0)
-    starts = [search_slots("evo", 0, [task], {task.id: [gained]}, 9, r, lambda t: 6)[0].start for r in (0, 1)]
-    assert [len(s.prefix) for s in starts] == [3, 1]  # the rounds alternate: ahead, then wide
     # back at 'value 0' after a reward is another cell than 'value 0' before it
     there_and_back = played(["down", "up", "up", "down", "down", "down"], max_steps=6)
     there_and_back.steps[2].reward = 0.5
