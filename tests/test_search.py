@@ -3,6 +3,7 @@ of where to branch, and what is refused (`agents/search.py`, `agents/actor.py:re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -292,9 +293,10 @@ def test_the_explore_flow_searches_from_stored_states_on_the_real_game(embedded_
 @pytest.mark.integration  # the real model server, TextWorldExpress (Java), Prefect and MLflow
 def test_a_searched_success_on_the_real_game_reaches_the_training_data(embedded_server: str, tmp_path: Path):
     """Coin train task 1 starts in the coin's room: `take coin` is one of the 5 first actions.
-    With a budget of 2 actions the only branch point is the first state, and search tries an
-    untried first action each round, so within the budget it plays `take coin`: a searched
-    success, which the fine-tune stage's dataset takes as it takes a sampled one."""
+    With a budget of 2 actions the only branch point is the first state; search plays an
+    untried first action each round and the policy, offered only actions not tried there, a
+    second, so within the budget one takes the coin: a searched success, which the fine-tune
+    stage's dataset takes as it takes a sampled one."""
     from ratchet.config import load_settings
     from ratchet.flows.explore import explore
     from ratchet.flows.finetune import train_successes, training_dataset
@@ -324,10 +326,11 @@ def test_a_searched_success_on_the_real_game_reaches_the_training_data(embedded_
     assert len(won) == 1, [(t.branch, [s.tool_call for s in t.steps]) for t in trajs]
     searched = won[0]
     assert searched.branch.step == 0 and searched.steps[0].source == "search"
-    assert searched.steps[0].tool_call.args == {"action": "take coin"}
+    assert searched.steps[-1].tool_call.args == {"action": "take coin"}
     successes = train_successes(settings, store)
     data = training_dataset(settings, successes)
     store.close()
     assert searched.id in data.sources
     mine = [e for e in data.examples if e.trajectory_id == searched.id]
-    assert [e.target["tool_calls"][0]["function"]["arguments"] for e in mine] == ['{"action": "take coin"}']
+    targets = [json.loads(e.target["tool_calls"][0]["function"]["arguments"]) for e in mine]
+    assert targets == [s.tool_call.args for s in searched.steps]  # the branch's action too
