@@ -114,7 +114,7 @@ class Archive:
 
     def start(self, cell: Cell) -> Start:
         prefix = tuple(self._steps[cell.parent][: cell.position])
-        known = {(c.progress, c.state): frozenset(c.taken) for c in self.cells.values() if c.taken}
+        known = {key: frozenset(c.taken) for key, c in self.cells.items() if c.taken}
         return Start(parent=cell.parent, prefix=prefix, away=frozenset(cell.taken), known=known)
 
 

@@ -148,6 +148,8 @@ def random_levels(settings: Settings, rows: list[Any]) -> dict[int, dict[str, An
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
     """The README's markdown table: one line per target and generation."""
+    from ratchet.cli.evolve import explored
+
     lines = [
         "| target | gen | test success | 95% CI | random (same tasks) | vs random | explore (train) "
         "| promoted | candidates rejected | adapter | minutes |",
@@ -157,9 +159,7 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
         for r in rows:
             test = "—" if r["n"] is None else f"{r['successes']}/{r['n']} = {r['success']:.0%}"
             ci = "—" if r["ci95"] is None else f"{r['ci95'][0]:.0%}–{r['ci95'][1]:.0%}"
-            explore = "—" if r["explore_success"] is None else f"{r['explore_success']:.0%}"
-            if r.get("explore_searched"):
-                explore += " +{1}/{0} searched".format(*r["explore_searched"])
+            explore = explored(r["explore_success"], r.get("explore_searched"))
             adapter = r["adapter"] + (f" ({r['adapter_gate']})" if r["adapter_gate"] else "")
             promoted = ", ".join(r["promoted"]) or "—"
             rnd = "n/a" if r.get("random") is None else f"{r['random']:.0%}"

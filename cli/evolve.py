@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.table import Table
@@ -10,15 +11,15 @@ from ratchet.cli.common import console
 from ratchet.config import Settings
 
 
-def explored(row: Any) -> str:
-    """Explore's column: the sampled rollouts' success, and what search found after them."""
-    if row.explore_success is None:
+def explored(success: float | None, searched: Sequence[int] | None) -> str:
+    """Explore's column: the sampled rollouts' success, and what search found after them
+    (`searched`: its rollouts and their successes)."""
+    if success is None:
         return "—"
-    rate = f"{row.explore_success:.0%}"
-    if row.explore_searched is None:
-        return rate
-    n, k = row.explore_searched
-    return f"{rate} +{k}/{n} searched"
+    if not searched:
+        return f"{success:.0%}"
+    n, k = searched
+    return f"{success:.0%} +{k}/{n} searched"
 
 
 def bar(row: Any) -> str:
@@ -56,7 +57,7 @@ def print_evolution(settings: Settings, journal: Any) -> None:
             str(row.generation),
             test,
             bar(row),
-            explored(row),
+            explored(row.explore_success, row.explore_searched),
             str(row.candidates),
             ", ".join(row.promoted) or "—",
             str(row.rejected),

@@ -144,10 +144,10 @@ def test_the_evolve_table_says_what_search_found_beside_the_sampled_success():
 
     row = GenerationRow(generation=1)
     fill_explore(row, {"success_rate": 0.0, "ci95": [0.0, 0.14]})  # a journal from before search
-    assert row.explore_searched is None and explored(row) == "0%"
+    assert row.explore_searched is None and explored(row.explore_success, row.explore_searched) == "0%"
     fill_explore(row, {"success_rate": 0.0, "ci95": [0.0, 0.14], "searched": [76, 1]})
-    assert explored(row) == "0% +1/76 searched"
-    assert explored(GenerationRow(generation=0)) == "—"
+    assert explored(row.explore_success, row.explore_searched) == "0% +1/76 searched"
+    assert explored(None, None) == "—"
 
 
 def test_after_the_branch_the_policy_is_offered_only_what_was_never_taken_at_a_known_state():
