@@ -22,6 +22,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_openai import ChatOpenAI
 from langchain_openai.chat_models.base import _convert_message_to_dict
 
+from ratchet.config import REQUEST_TIMEOUT_S
 from ratchet.errors import TransientModelError
 from ratchet.toolcalls import read_cut_text, read_reply, render_tools, to_chatml_messages, tool_call_schema
 
@@ -32,7 +33,7 @@ def chat_model(
     base_url: str,
     model: str,
     api_key: str = "not-needed",
-    timeout_s: float = 120.0,
+    timeout_s: float = REQUEST_TIMEOUT_S,
     max_tokens: int = 96,
     tool_calls: ToolCallMode = "native",
 ) -> ChatOpenAI:

@@ -15,6 +15,7 @@ from types import TracebackType
 
 import uvicorn
 
+from ratchet.config import REQUEST_TIMEOUT_S
 from ratchet.endpoint.app import create_app
 from ratchet.endpoint.recording import Rollouts
 from ratchet.errors import EndpointError
@@ -26,7 +27,9 @@ class InterventionEndpoint:
     """`with InterventionEndpoint(upstream, key, timeout) as ep:` serves on `ep.url` until the
     block ends; `ep.rollouts` opens and closes the rollouts it records."""
 
-    def __init__(self, upstream: str, api_key: str = "not-needed", timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, upstream: str, api_key: str = "not-needed", timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> None:
         self.rollouts = Rollouts()
         self.app = create_app(self.rollouts, upstream, api_key, timeout_s)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -56,6 +56,13 @@ TEST_VARIABLES = "RATCHET_TEST_"  # the test suite's own (models dir, planted se
 # Upper bounds where no real run comes near and past which something below breaks: a socket
 # timeout, an rlimit or an SQLite INTEGER overflows, or a loop never ends.
 DAY_S = 86_400.0
+# A model request's time includes its wait in the server's queue behind up to a batch of other
+# rollouts' prompts. On a 2-core machine shared with another job (a LoRA fine-tune, a second
+# run), a cold batch of 8 mapreader prompts took over 120 s, the old default, and every rollout
+# in flight failed and was replayed from its start, adding load to the slow machine. 600 s is
+# OpenAI's own client default; a server that dies answers at once (connection refused), and
+# one whose engine fails answers with that error, so the timeout only has to catch a hang.
+REQUEST_TIMEOUT_S = 600.0
 INT64_MAX = 2**63 - 1
 MANY = 100_000  # gate tasks, candidates, failures: more than any run uses
 # split sizes: past what any suite offers, so the suite's own check says how many it has
@@ -88,7 +95,9 @@ class ModelSettings(Section):
     api_key: SecretStr = Field(
         default=SecretStr("not-needed"), description="API key for the endpoint (never logged or stored)"
     )
-    timeout_s: float = Field(default=120.0, gt=0, le=DAY_S, description="per-request timeout")
+    timeout_s: float = Field(
+        default=REQUEST_TIMEOUT_S, gt=0, le=DAY_S, description="per-request timeout, queueing included"
+    )
     max_tokens: int = Field(default=96, gt=0, le=1_000_000, description="completion budget per step")
     port: int = Field(default=0, ge=0, le=65535, description="embedded server port (0 = any free)")
     max_batch: int = Field(default=8, ge=1, le=1024, description="embedded server: max sequences per batch")
@@ -153,7 +162,7 @@ class TeacherSettings(Section):
     endpoint: str = Field(default="", description="OpenAI-compatible base URL; empty = the policy's")
     name: str = Field(default="", description="model name; empty = the policy's")
     api_key: SecretStr = Field(default=SecretStr("not-needed"), description="bearer token, if any")
-    timeout_s: float = Field(default=120.0, gt=0, le=DAY_S)
+    timeout_s: float = Field(default=REQUEST_TIMEOUT_S, gt=0, le=DAY_S)
     max_tokens: int = Field(
         default=384, gt=0, le=1_000_000, description="completion budget per answer (JSON)"
     )
