@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench._evolve import EvolveOptions, run_settings
 from bench._evolve import run as evolve_run
-from bench.harness import RESULTS, option, write_result
+from bench.harness import RESULTS, option, rate_ratio_interval, write_result
 
 if TYPE_CHECKING:
     from ratchet.config import Settings
@@ -119,7 +119,28 @@ def explore_table(explore: dict[str, list[dict[str, Any]]], train: int) -> str:
                 f"| {r['searched_rollouts']}, {r['searched_successes']} | {r['tasks_solved']}/{train} "
                 f"| {r['model_calls']} | {r['successes_per_kilo_call']} |"
             )
+    lines.extend(first_generation_ratio(explore))
     return "\n".join(lines)
+
+
+def first_generation_ratio(explore: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each search arm's successes per model call against the sampled arm's, with the exact 95%
+    interval, in generation 1 only: the one where both arms explore with the same base policy."""
+    firsts = {arm: next((r for r in rows if r["generation"] == 1), None) for arm, rows in explore.items()}
+    base = firsts.pop("sampled", None)
+    if base is None:
+        return []
+    out = []
+    for arm, r in firsts.items():
+        if r is None:
+            continue
+        found = r["sampled_successes"] + r["searched_successes"]
+        lo, hi = rate_ratio_interval(found, r["model_calls"], base["sampled_successes"], base["model_calls"])
+        out.append(
+            f"generation 1, {arm} / sampled successes per model call: exact 95% interval {lo:.2f}x to "
+            + ("unbounded" if hi is None else f"{hi:.2f}x")
+        )
+    return out
 
 
 def run(opts: Options) -> None:

@@ -265,6 +265,25 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
+def rate_ratio_interval(
+    x1: int, n1: float, x2: int, n2: float, conf: float = 0.95
+) -> tuple[float, float | None]:
+    """The exact interval of the ratio of two event rates, x1 in n1 against x2 in n2 (events
+    per model call, say): conditional on x1 + x2, x1 is binomial with p = R n1 / (R n1 + n2),
+    so the Clopper-Pearson interval of p gives R's. None: no upper bound (x2 = 0). Where the
+    second rate has no point estimate (no event at all), the lower bound still says how much
+    higher the first is, at least."""
+    if x1 + x2 == 0:
+        return 0.0, None
+    lo, hi = clopper_pearson(x1, x1 + x2, conf)
+    scale = n2 / n1
+
+    def ratio(p: float) -> float | None:
+        return None if p >= 1 else p / (1 - p) * scale
+
+    return ratio(lo) or 0.0, ratio(hi)
+
+
 def paired(base: dict[str, float], arm: dict[str, float]) -> dict[str, Any]:
     """Repairs and regressions of `arm` against `base`, task by task, with the exact McNemar p."""
     from ratchet.skills.intervention import binomial_p_value

@@ -20,6 +20,7 @@ Mapreader is the default: the shipped model solves about 1 in 100 of its rollout
 
     .venv/bin/python -m bench search_gain [--family textworld-express:mapreader] [--train 8]
         [--rollouts 2] [--calls 40] [--sampled N] [--sampled-from FILE] [--out bench/results/search_gain.json]
+    .venv/bin/python -m bench search_gain --report bench/results/search_gain.json
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import RESULTS, bench_settings, embedded_server, fresh_data_dir, option, write_result
+from bench.harness import (
+    RESULTS,
+    bench_settings,
+    embedded_server,
+    fresh_data_dir,
+    option,
+    rate_ratio_interval,
+    write_result,
+)
 
 
 @dataclass
@@ -47,6 +56,7 @@ class Options:
     concurrency: int = option(8)
     dtype: str = option("auto", "the server's number format", choices=["auto", "bfloat16", "float32"])
     out: Path = option(RESULTS / "search_gain.json")
+    report: Path | None = option(None, "play nothing: this earlier result file's table and interval again")
 
 
 def explore_arm(
@@ -108,6 +118,15 @@ def per_kilo(successes: int, calls: int) -> float:
 
 
 def run(args: Options) -> None:
+    if args.report is not None:
+        doc = json.loads(args.report.read_text())
+        was = doc["args"]
+        print(
+            "\n".join(
+                summarize(doc["search"], doc["sampled"], was["train"], was["rollouts"], was["calls"])[1]
+            )
+        )
+        return
     data = fresh_data_dir("ratchet-search-gain-")
     started = time.perf_counter()
     with embedded_server(data / "logs", dtype=args.dtype) as url:
@@ -128,24 +147,47 @@ def run(args: Options) -> None:
         else:
             sampled = explore_arm(args.family, args, url, data / "sampled", k, 0)
         print(f"sampled arm: {sampled}", flush=True)
+    summary, lines = summarize(search, sampled, args.train, args.rollouts, args.calls)
+    print("\n".join(lines))
+    write_result(
+        "search_gain",
+        {
+            "search": search,
+            "sampled": sampled,
+            **summary,
+            "minutes": round((time.perf_counter() - started) / 60, 1),
+        },
+        args,
+        path=args.out,
+    )
+
+
+def summarize(
+    search: dict[str, Any], sampled: dict[str, Any], train: int, rollouts: int, calls: int
+) -> tuple[dict[str, Any], list[str]]:
+    """Successes per 1,000 model calls per arm, their ratio, and the ratio's exact 95% interval
+    (search arm against sampled; sampling that found nothing has no rate, but the interval's
+    lower end still bounds how much better search is)."""
+    found = search["sampled_successes"] + search["searched_successes"]
     rates = {
         "sampled": per_kilo(sampled["sampled_successes"], sampled["model_calls"]),
-        "search_arm": per_kilo(
-            search["sampled_successes"] + search["searched_successes"], search["model_calls"]
-        ),
+        "search_arm": per_kilo(found, search["model_calls"]),
         "searched_only": per_kilo(search["searched_successes"], search["searched_calls"]),
     }
     ratio = {
         k: (v / rates["sampled"] if rates["sampled"] else None) for k, v in rates.items() if k != "sampled"
     }
+    lo, hi = rate_ratio_interval(
+        found, search["model_calls"], sampled["sampled_successes"], sampled["model_calls"]
+    )
     lines = [
         "| arm | rollouts | model calls | train tasks solved | successes | minutes |",
         "|---|---|---|---|---|---|",
         f"| sampled ×{sampled['rollouts_per_task']} | {sampled['sampled_rollouts']} | "
-        f"{sampled['model_calls']} | {sampled['tasks_solved']}/{args.train} | "
+        f"{sampled['model_calls']} | {sampled['tasks_solved']}/{train} | "
         f"{sampled['sampled_successes']} | {sampled['minutes']} |",
-        f"| sampled ×{args.rollouts} + search {args.calls} | {search['sampled_rollouts']} + "
-        f"{search['searched_rollouts']} | {search['model_calls']} | {search['tasks_solved']}/{args.train} "
+        f"| sampled ×{rollouts} + search {calls} | {search['sampled_rollouts']} + "
+        f"{search['searched_rollouts']} | {search['model_calls']} | {search['tasks_solved']}/{train} "
         f"(sampling alone {search['tasks_solved_by_sampling']}) | {search['sampled_successes']} + "
         f"{search['searched_successes']} | {search['minutes']} |",
     ]
@@ -155,17 +197,12 @@ def run(args: Options) -> None:
         "searched rollouts alone {searched_only:.2f}".format(**rates)
         + "; ratio to sampled: "
         + ", ".join(f"{k} {v}" for k, v in told.items())
+        + f"; search arm / sampled, exact 95% interval: {lo:.2f}x to "
+        + ("unbounded" if hi is None else f"{hi:.2f}x")
     )
-    print("\n".join(lines))
-    write_result(
-        "search_gain",
-        {
-            "search": search,
-            "sampled": sampled,
-            "successes_per_kilo_call": rates,
-            "ratio_to_sampled": ratio,
-            "minutes": round((time.perf_counter() - started) / 60, 1),
-        },
-        args,
-        path=args.out,
-    )
+    summary = {
+        "successes_per_kilo_call": rates,
+        "ratio_to_sampled": ratio,
+        "ratio_ci95": [lo, hi],
+    }
+    return summary, lines

@@ -175,3 +175,42 @@ def test_dpo_gain_trains_both_arms_on_the_same_train_trajectories(tmp_path: Path
         store = open_store(s.trajectories_db)
         assert sorted(t.id for t in store.query(evolution=s.evolution)) == sorted([won.id, lost.id])
         store.close()
+
+
+def test_the_rate_ratio_interval_is_exact_where_one_arm_found_nothing() -> None:
+    # all x1 events fall in arm 1 with probability p**x1, p = R n1 / (R n1 + n2): the interval's
+    # lower end is the R where that is 2.5%, and with x2 = 0 there is no upper end
+    lo, hi = harness.rate_ratio_interval(5, 1000, 0, 3000)
+    p = 0.025 ** (1 / 5)
+    assert hi is None and lo == pytest.approx(p / (1 - p) * 3, rel=1e-6)
+    # equal rates: an interval around 1 that widens as the counts shrink
+    lo_big, hi_big = harness.rate_ratio_interval(400, 1000, 400, 1000)
+    lo_small, hi_small = harness.rate_ratio_interval(4, 10, 4, 10)
+    assert hi_big is not None and hi_small is not None
+    assert lo_small < lo_big < 1 < hi_big < hi_small
+    # the interval scales with the exposures: the same counts over half the calls double the rate
+    assert harness.rate_ratio_interval(4, 5, 4, 10)[0] == pytest.approx(2 * lo_small)
+    assert harness.rate_ratio_interval(0, 100, 0, 100) == (0.0, None)
+
+
+def test_search_gain_and_cold_start_bound_how_much_better_search_is_than_sampling() -> None:
+    from bench.cold_start import first_generation_ratio
+    from bench.search_gain import summarize
+
+    arm = {"rollouts_per_task": 2, "tasks_solved": 3, "tasks_solved_by_sampling": 0, "minutes": 1.0}
+    search = arm | {"sampled_rollouts": 24, "searched_rollouts": 80, "sampled_successes": 0}
+    search |= {"searched_successes": 3, "model_calls": 1000, "searched_calls": 500}
+    sampled = arm | {"sampled_rollouts": 96, "searched_rollouts": 0, "sampled_successes": 0}
+    sampled |= {"searched_successes": 0, "model_calls": 2000, "searched_calls": 0, "rollouts_per_task": 8}
+    summary, lines = summarize(search, sampled, 12, 2, 40)
+    assert summary["ratio_to_sampled"]["search_arm"] is None  # no rate for an arm that found nothing
+    assert summary["ratio_ci95"] == list(harness.rate_ratio_interval(3, 1000, 0, 2000))
+    assert "unbounded" in lines[-1]
+    # cold_start: generation 1 only (the one both arms explore with the base policy)
+    row = {"generation": 1, "sampled_successes": 0, "searched_successes": 5, "model_calls": 1029}
+    later = row | {"generation": 2, "sampled_successes": 12}
+    base = row | {"searched_successes": 0, "model_calls": 1090}
+    (line,) = first_generation_ratio({"search": [row, later], "sampled": [base]})
+    lo, _ = harness.rate_ratio_interval(5, 1029, 0, 1090)
+    assert line.startswith("generation 1, search / sampled") and f"{lo:.2f}x" in line
+    assert first_generation_ratio({"search": [row]}) == []  # no sampled arm: nothing to compare
