@@ -104,6 +104,7 @@ def explore_arm(
             "searched_errors": sum(t.status == "error" for t in searched),
             "branch_steps": sorted(t.branch.step for t in searched if t.branch is not None),
             "model_calls": model_calls,
+            **progress_counts(trajs),
             "searched_calls": sum(s.source == "model" for t in searched for s in t.steps),
             "sampled_calls_per_rollout": sum(s.source == "model" for t in sampled for s in t.steps)
             / max(1, len(sampled)),
@@ -111,6 +112,21 @@ def explore_arm(
         }
 
     return one_arm()
+
+
+def progress_counts(trajs: list[Any]) -> dict[str, Any]:
+    """How far the rollouts got where none finished: rollouts whose reward so far rose above 0
+    at some step (the suite's progress signal, where it gives one), and per task the most."""
+    best: dict[str, float] = {}
+    with_progress = 0
+    for t in trajs:
+        earned = peak = 0.0
+        for step in t.steps:
+            earned += step.reward
+            peak = max(peak, earned)
+        with_progress += peak > 0
+        best[t.task_id] = max(best.get(t.task_id, 0.0), peak)
+    return {"rollouts_with_progress": with_progress, "best_progress_per_task": best}
 
 
 def per_kilo(successes: int, calls: int) -> float:

@@ -214,3 +214,22 @@ def test_search_gain_and_cold_start_bound_how_much_better_search_is_than_samplin
     lo, _ = harness.rate_ratio_interval(5, 1029, 0, 1090)
     assert line.startswith("generation 1, search / sampled") and f"{lo:.2f}x" in line
     assert first_generation_ratio({"search": [row]}) == []  # no sampled arm: nothing to compare
+
+
+def test_search_gain_counts_how_far_rollouts_got_where_none_finished() -> None:
+    from bench.search_gain import progress_counts
+    from tests.factories import traj
+
+    def rewarded(task: str, rewards: list[float]) -> object:
+        t = traj(["look around"] * len(rewards), success=False)
+        steps = [s.model_copy(update={"reward": r}) for s, r in zip(t.steps, rewards, strict=True)]
+        return t.model_copy(update={"task_id": task, "steps": steps})
+
+    trajs = [
+        rewarded("a", [0.0, 0.33, -1.0]),  # progress, then a penalty: it still got there
+        rewarded("a", [0.25, 0.25]),
+        rewarded("b", [-0.25, 0.25]),  # back to 0, never above: no progress
+    ]
+    counts = progress_counts(trajs)
+    assert counts["rollouts_with_progress"] == 2
+    assert counts["best_progress_per_task"] == {"a": 0.5, "b": 0.0}
