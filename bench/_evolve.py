@@ -11,7 +11,6 @@ the table and the plot (FILE.png) from a results file.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,7 +213,6 @@ def run(
         write_results(opts, results, wall_seconds=None)
         return None
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry attempts
     if opts.data is None:
         opts.data = fresh_data_dir(f"ratchet-{opts.name.replace('_', '-')}-")
     data = opts.data

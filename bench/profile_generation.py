@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import threading
 import time
 from collections import defaultdict
@@ -117,7 +116,6 @@ def run(args: Options) -> None:
     if args.report is not None:
         print(report(json.loads(args.report.read_text())))
         return
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from ratchet.config import load_settings
     from ratchet.flows import evolve
 

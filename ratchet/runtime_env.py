@@ -32,28 +32,41 @@ def prepare_environment(settings: Settings) -> None:
     then point every service's state at the data dir."""
     check_data_dir(settings.data_dir)
     check_mlflow_store(settings.data_dir / "mlflow.db")
+    offline_environment()
     defaults = {
         "PREFECT_HOME": str(settings.prefect_home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(PREFECT_STARTUP_TIMEOUT_S),
         "MLFLOW_TRACKING_URI": settings.mlflow_uri,
         "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "true",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-        "MLFLOW_MODEL_CATALOG_URI": "",  # traced model calls: prices from the bundled catalog, no fetch
-        "MLFLOW_DISABLE_TELEMETRY": "true",  # MLflow reads DO_NOT_TRACK only as "true"
         "MLFLOW_LOGGING_LEVEL": "WARNING",  # its INFO lines (database migrations) would break a log's lines
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # model-loading bars would tear through Rich's
-        "ANONYMIZED_TELEMETRY": "False",
-        "DO_NOT_TRACK": "1",
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     _quote_prefect_database(os.environ["PREFECT_HOME"])
+
+
+# No telemetry, no fetch: every library that would reach the network on its own is told not to.
+OFFLINE = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_MODEL_CATALOG_URI": "",  # traced model calls: prices from the bundled catalog, no fetch
+    "MLFLOW_DISABLE_TELEMETRY": "true",  # MLflow reads DO_NOT_TRACK only as "true"
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "ANONYMIZED_TELEMETRY": "False",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def offline_environment() -> None:
+    """Set `OFFLINE` (what the user set stays). Before anything starts a service: a Prefect
+    flow called before the settings are prepared starts its API server with this environment."""
+    for key, value in OFFLINE.items():
+        os.environ.setdefault(key, value)
 
 
 def check_data_dir(data: Path) -> None:

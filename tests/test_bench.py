@@ -233,3 +233,31 @@ def test_search_gain_counts_how_far_rollouts_got_where_none_finished() -> None:
     counts = progress_counts(trajs)
     assert counts["rollouts_with_progress"] == 2
     assert counts["best_progress_per_task"] == {"a": 0.5, "b": 0.0}
+
+
+def test_a_benchmark_runs_offline_whatever_it_starts_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a bench whose first act is a Prefect flow starts Prefect's API server before any settings
+    # are prepared: the offline environment must already be set by then (it once tried to send
+    # Prefect's telemetry)
+    import os
+    import types
+
+    from ratchet import runtime_env
+
+    for key in runtime_env.OFFLINE:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("DO_NOT_TRACK", "0")  # what the user set stays
+    monkeypatch.setattr(runtime_env, "stop_on_signals", lambda: None)
+    seen: dict[str, str] = {}
+
+    @dataclass
+    class Options:
+        pass
+
+    fake = types.SimpleNamespace(Options=Options, __doc__="A fake.", run=lambda opts: seen.update(os.environ))
+    monkeypatch.setattr(harness, "names", lambda: ["fake"])
+    monkeypatch.setattr(harness.importlib, "import_module", lambda name: fake)
+    assert harness.main(["fake"]) == 0
+    assert seen["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    assert seen["HF_HUB_OFFLINE"] == "1" and seen["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    assert seen["DO_NOT_TRACK"] == "0"
