@@ -150,6 +150,7 @@ def run(opts: Options) -> None:
     from ratchet.flows.evaluate import evaluate_stage
     from ratchet.flows.explore import explore_stage
     from ratchet.flows.runtime import open_runtime
+    from ratchet.runtime_env import prepare_environment
 
     data = fresh_data_dir("ratchet-dpo-gain-")
     print(f"data: {data}", flush=True)
@@ -157,6 +158,7 @@ def run(opts: Options) -> None:
     doc: dict[str, Any] = {}
     with embedded_server(data / "logs", dtype=settings_for(data, opts, False).model.dtype) as url:
         shared = settings_for(data / "explore", opts, False)
+        prepare_environment(shared)  # before the first flow starts Prefect: its home in the data dir
 
         @flow(name="dpo-gain-explore", validate_parameters=False)
         def explore_once() -> dict[str, Any]:
