@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench._evolve import EvolveOptions, run_settings
 from bench._evolve import run as evolve_run
-from bench.harness import RESULTS, option, rate_ratio_interval, write_result
+from bench.harness import RESULTS, interval_text, option, rate_ratio_interval, write_result
 
 if TYPE_CHECKING:
     from ratchet.config import Settings
@@ -136,10 +136,8 @@ def first_generation_ratio(explore: dict[str, list[dict[str, Any]]]) -> list[str
             continue
         found = r["sampled_successes"] + r["searched_successes"]
         lo, hi = rate_ratio_interval(found, r["model_calls"], base["sampled_successes"], base["model_calls"])
-        out.append(
-            f"generation 1, {arm} / sampled successes per model call: exact 95% interval {lo:.2f}x to "
-            + ("unbounded" if hi is None else f"{hi:.2f}x")
-        )
+        told = interval_text(lo, hi)
+        out.append(f"generation 1, {arm} / sampled successes per model call: exact 95% interval {told}")
     return out
 
 

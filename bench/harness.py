@@ -285,6 +285,11 @@ def rate_ratio_interval(
     return ratio(lo) or 0.0, ratio(hi)
 
 
+def interval_text(lo: float, hi: float | None) -> str:
+    """A ratio's interval as the benches print it (`hi` None: no upper end)."""
+    return f"{lo:.2f}x to " + ("unbounded" if hi is None else f"{hi:.2f}x")
+
+
 def paired(base: dict[str, float], arm: dict[str, float]) -> dict[str, Any]:
     """Repairs and regressions of `arm` against `base`, task by task, with the exact McNemar p."""
     from ratchet.skills.intervention import binomial_p_value

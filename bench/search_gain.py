@@ -37,6 +37,7 @@ from bench.harness import (
     bench_settings,
     embedded_server,
     fresh_data_dir,
+    interval_text,
     option,
     rate_ratio_interval,
     write_result,
@@ -213,8 +214,7 @@ def summarize(
         "searched rollouts alone {searched_only:.2f}".format(**rates)
         + "; ratio to sampled: "
         + ", ".join(f"{k} {v}" for k, v in told.items())
-        + f"; search arm / sampled, exact 95% interval: {lo:.2f}x to "
-        + ("unbounded" if hi is None else f"{hi:.2f}x")
+        + f"; search arm / sampled, exact 95% interval: {interval_text(lo, hi)}"
     )
     summary = {
         "successes_per_kilo_call": rates,
