@@ -15,19 +15,15 @@ from typing import Any
 import httpx
 import pytest
 
-from ratchet.runtime_env import PREFECT_STARTUP_TIMEOUT_S
+from ratchet.runtime_env import PREFECT_STARTUP_TIMEOUT_S, offline_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 # The HF copy of the shipped model is converted once and reused across test sessions.
 PREFECT = Path(sys.executable).parent / "prefect"
 TEST_MODELS = Path(os.environ.get("RATCHET_TEST_MODELS_DIR", ROOT / ".ratchet" / "test-models"))
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+offline_environment()  # the product's own list: no telemetry, no hub, no catalog download
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("MLFLOW_MODEL_CATALOG_URI", "")  # traced model calls: no catalog download
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Prefect's ephemeral API keeps its database here; reusing it makes later sessions start faster.
 # One per xdist worker, so two ephemeral servers never migrate and write one SQLite file at once.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
