@@ -16,7 +16,13 @@ once more after `--idle` seconds without requests:
 * `merge-keeps`: a merge of new rows into the running batch keeps both sources' keys and
   values until it has copied every layer (the engine before it released them layer by layer;
   patched in for this arm only);
-* `merge-frees`: the server as `ratchet` starts it.
+* `merge-frees`: the server as `ratchet` starts it;
+* `heap-dynamic`: glibc's default heap (its mmap threshold rises to the largest size freed);
+* `heap-mmap`: a fixed mmap threshold of `--mmap-mb` (`MALLOC_MMAP_THRESHOLD_`): larger
+  allocations get their own mapping, given back to the OS when freed;
+* `prefix-flat`: the prefix cache before the radix tree, one full copy per prompt
+  (`bench/_flat_prefix_cache.py`, patched in for this arm only);
+* `prefix-tree`: the server as `ratchet` starts it: prefixes that prompts share stored once.
 
 `--configs A B` compares two of them (the summary's ratios are B over A), each with the
 prefix cache's default budget and two heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py`
@@ -54,9 +60,20 @@ CONFIGS = {  # server flags
     "chunked": [],
     "merge-keeps": [],
     "merge-frees": [],
+    "heap-dynamic": [],
+    "heap-mmap": [],
+    "prefix-flat": [],
+    "prefix-tree": [],
+}
+ENVS = {  # extra environment for an arm's server (`{mmap}`: `--mmap-mb` in bytes)
+    # glibc serves allocations of at least this many bytes with their own mapping, given back
+    # on free, instead of raising the threshold to each freed size and reusing heap holes
+    "heap-mmap": {"MALLOC_MMAP_THRESHOLD_": "{mmap}"},
 }
 PRELUDES = {  # run in the server process before `ratchet.server`: arms the server has no flag for
     "merge-keeps": "import ratchet.server.kv_cache as k; k.GrowingLayer.release = lambda self: None",
+    "prefix-flat": "import ratchet.server.engine as e, bench._flat_prefix_cache as f; "
+    "e.PrefixCache = f.FlatPrefixCache",
 }
 WORDS = (
     "you are in the kitchen pantry corridor a the to north south east west door open coin "
@@ -72,6 +89,7 @@ class Options:
     turns: int = option(12, help="turns per game: each prompt extends the one before")
     rounds: int = option(1, help="keep/release pairs per number format")
     idle: float = option(3.0, help="seconds without requests before the last reading")
+    mmap_mb: float = option(1.0, help="heap-mmap: glibc's fixed mmap threshold, MiB")
     models_dir: Path = option(ROOT / ".ratchet" / "test-models")
     port: int = option(8917)
     out: str = option("server_memory_chunked", help="result name under bench/results/")
@@ -93,7 +111,8 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
     args += CONFIGS[config]
     env = dict(os.environ, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
     env["MALLOC_ARENA_MAX"] = "2"
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env.update({k: v.format(mmap=int(opts.mmap_mb * 2**20)) for k, v in ENVS.get(config, {}).items()})
+    proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{opts.port}/v1"
     try:
         while True:
@@ -140,10 +159,12 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
         done.set()
         watcher.join()
         end = rss_mb(proc.pid)
+        hwm = resident_mb(proc.pid).get("peak_rss_mb", 0)  # the kernel's high-water mark: no sample missed
         time.sleep(opts.idle)
         return {
             "loaded_mb": loaded,
             "peak_mb": peak[0],
+            "hwm_mb": hwm,
             "end_mb": end,
             "idle_mb": rss_mb(proc.pid),
             "wall_s": round(wall, 1),

@@ -424,11 +424,7 @@ class Engine:
                 )
         with self._clock("kv_seconds"):
             for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
-                cols = torch.cat(
-                    [torch.arange(past - m, past), torch.arange(past + width - (len(p) - m), past + width)]
-                )
-                kv = [(lay.keys[i : i + 1, :, cols], lay.values[i : i + 1, :, cols]) for lay in cache.layers]
-                self.prefix_cache.store(adapter, p, kv)
+                self.prefix_cache.store(adapter, p, _row_columns(cache, i, past - m, m, width - (len(p) - m)))
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["prefilled_tokens"] += sum(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
         self.stats["prefill_slots"] += n * width
@@ -640,7 +636,7 @@ def _past_cache(hits: list[tuple[int, Any]], past: int, room: int) -> GrowingCac
     if not past:
         return cache
     n = len(hits)
-    ref = next(kv for _, kv in hits if kv is not None)
+    ref = next(segments[0] for _, segments in hits if segments)
     for layer, (ref_k, ref_v) in enumerate(ref):
         # empty, not zeros: only a row's left hole is read (masked, but it must not hold NaN
         # garbage: 0 * NaN); the prefill writes every column after `past`, and the spare
@@ -648,14 +644,42 @@ def _past_cache(hits: list[tuple[int, Any]], past: int, room: int) -> GrowingCac
         # KV bookkeeping (bench/results/forced_end.json's `kv`).
         keys = ref_k.new_empty((n, ref_k.shape[1], spare(past + room), ref_k.shape[3]))
         values = ref_v.new_empty((n, ref_v.shape[1], spare(past + room), ref_v.shape[3]))
-        for i, (m, kv) in enumerate(hits):
+        for i, (m, segments) in enumerate(hits):
             keys[i, :, : past - m] = 0
             values[i, :, : past - m] = 0
-            if kv is not None:
-                keys[i, :, past - m : past] = kv[layer][0][0]
-                values[i, :, past - m : past] = kv[layer][1][0]
+            col = past - m
+            for segment in segments or []:  # the prefix's segments, in order (`server.prefix_cache`)
+                k, v = segment[layer]
+                keys[i, :, col : col + k.shape[2]] = k[0]
+                values[i, :, col : col + k.shape[2]] = v[0]
+                col += k.shape[2]
         cache.adopt(layer, keys, values, past)
     return cache
+
+
+def _row_columns(cache: GrowingCache, row: int, first: int, m: int, gap: int) -> prefix_cache.Columns:
+    """A prefilled row's keys and values by token: its cached prefix (`m` tokens) sits at
+    columns `first`.., its new tokens after a hole of padding, `gap` columns further on."""
+
+    def columns(start: int, end: int) -> prefix_cache.KV:
+        spans = [(a, b) for a, b in ((start, min(end, m)), (max(start, m) + gap, end + gap)) if a < b]
+        out = []
+        for lay in cache.layers:
+            parts = [
+                (
+                    lay.keys[row : row + 1, :, first + a : first + b],
+                    lay.values[row : row + 1, :, first + a : first + b],
+                )
+                for a, b in spans
+            ]
+            out.append(
+                (torch.cat([k for k, _ in parts], dim=2), torch.cat([v for _, v in parts], dim=2))
+                if len(parts) > 1
+                else parts[0]
+            )
+        return out
+
+    return columns
 
 
 def _merge(a: _Batch, b: _Batch) -> _Batch:

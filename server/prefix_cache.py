@@ -5,97 +5,187 @@ with the 135M model, a 15-token action a fraction of that). Consecutive steps of
 share everything up to the latest observation, so the engine looks up the longest cached
 token prefix of each prompt and prefills only the rest.
 
+The cache is a radix tree of token segments (as SGLang's RadixAttention): what prompts share
+is stored once. Every rollout of a run starts with the same system prompt (the task's rules,
+the live skills, the tools) and the k rollouts of one task with the same first observation;
+a cache of whole prompts held that common part once per rollout. A prompt that extends a
+leaf (the same rollout's next step) extends that leaf in place, so a rollout's own turns stay
+one segment instead of one per turn. A lookup returns the matched path as a list of segments,
+which the engine copies into its batch one after the other.
+
 Entries are per adapter (different weights, different keys and values), evicted least
-recently used beyond `max_bytes` of keys and values in all. The budget is in bytes, not
-tokens, because a token's size depends on the model and its number format (SmolLM2-135M:
-46 KB a token in float32, 23 KB in bfloat16): a token budget that fits bf16 doubles the
-server's memory in fp32. Not thread-safe: only the engine's worker thread touches it.
+recently used, leaf by leaf, beyond `max_bytes` of keys and values in all. The budget is in
+bytes, not tokens, because a token's size depends on the model and its number format
+(SmolLM2-135M: 46 KB a token in float32, 23 KB in bfloat16): a token budget that fits bf16
+doubles the server's memory in fp32. Not thread-safe: only the engine's worker thread
+touches it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
 
 import torch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [1, heads, tokens, dim]
+Columns = Callable[[int, int], KV]  # the KV of a prompt's tokens [start, end), as views
 
 
-DEFAULT_BYTES = 512 * 2**20  # bf16: ~22k tokens of SmolLM2-135M, 8 rollouts of ~2.8k; fp32: half
+DEFAULT_BYTES = 512 * 2**20  # bf16: ~22k distinct tokens of SmolLM2-135M; fp32: half
 
 
-@dataclass
-class _Entry:
-    tokens: torch.Tensor  # 1-D long
-    kv: KV
+@dataclass(eq=False)
+class _Node:
+    tokens: list[int]  # this segment's tokens (the root's: none)
+    kv: KV  # this segment's keys and values, contiguous, owned
+    parent: _Node | None = None
+    children: dict[int, _Node] = field(default_factory=dict)  # by first token
+    used: int = 0  # the cache's clock when a lookup or store last passed through
 
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.kv)
 
 
+def _common(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _slice(kv: KV, start: int, end: int | None = None) -> KV:
+    return [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
+
+
+def _own(kv: KV) -> KV:
+    """Contiguous copies: a stored segment never keeps a larger buffer (a batch's) alive."""
+    return [
+        (k.clone(memory_format=torch.contiguous_format), v.clone(memory_format=torch.contiguous_format))
+        for k, v in kv
+    ]
+
+
 class PrefixCache:
     def __init__(self, max_bytes: int = DEFAULT_BYTES) -> None:
         self.max_bytes = max_bytes
         self.cached_bytes = 0
-        self._entries: OrderedDict[int, tuple[str | None, _Entry]] = OrderedDict()
-        self._next = 0
+        self._roots: dict[str | None, _Node] = {}  # per adapter
+        self._clock = count(1)
         self.hits = 0
         self.reused_tokens = 0
 
     @property
     def cached_tokens(self) -> int:
-        return sum(e.tokens.numel() for _, e in self._entries.values())
+        return sum(len(n.tokens) for n in self._nodes())
 
-    def lookup(self, adapter: str | None, ids: list[int]) -> tuple[int, KV | None]:
-        """Longest cached prefix of `ids` (leaving at least one token to feed): (length, kv views)."""
-        if self.max_bytes <= 0 or len(ids) < 2:
+    def lookup(self, adapter: str | None, ids: list[int]) -> tuple[int, list[KV] | None]:
+        """Longest cached prefix of `ids` (leaving at least one token to feed): its length and
+        its keys and values as segments (views) in order, or (0, None)."""
+        if self.max_bytes <= 0 or len(ids) < 2 or adapter not in self._roots:
             return 0, None
-        query = torch.tensor(ids, dtype=torch.long)
-        best_key, best_len = None, 0
-        for key, (a, entry) in self._entries.items():
-            if a != adapter:
-                continue
-            n = min(entry.tokens.numel(), query.numel() - 1)
-            if n <= best_len:
-                continue
-            same = entry.tokens[:n] == query[:n]
-            common = n if bool(same.all()) else int(torch.argmin(same.to(torch.int8)))
-            if common > best_len:
-                best_key, best_len = key, common
-        if best_key is None:
+        path = self._walk(self._roots[adapter], ids[: len(ids) - 1])
+        if not path:
             return 0, None
-        self._entries.move_to_end(best_key)
-        entry = self._entries[best_key][1]
+        now = next(self._clock)
+        for node, _ in path:
+            node.used = now
+        matched = sum(n for _, n in path)
         self.hits += 1
-        self.reused_tokens += best_len
-        return best_len, [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in entry.kv]
+        self.reused_tokens += matched
+        return matched, [_slice(node.kv, 0, n) for node, n in path]
 
-    def store(self, adapter: str | None, ids: list[int], kv: KV) -> None:
-        """Remember `ids` with its KV; entries that are prefixes of it become redundant."""
-        new = _Entry(torch.tensor(ids, dtype=torch.long), kv)
-        if self.max_bytes <= 0 or new.nbytes > self.max_bytes:
+    def store(self, adapter: str | None, ids: list[int], columns: Columns) -> None:
+        """Remember `ids`; `columns(start, end)` gives the keys and values of its tokens in
+        [start, end), of which only what the tree does not hold yet is copied."""
+        if self.max_bytes <= 0 or not ids:
             return
-        tokens = new.tokens
-        for key, (a, entry) in list(self._entries.items()):
-            n = entry.tokens.numel()
-            if a == adapter and n <= tokens.numel() and bool((entry.tokens == tokens[:n]).all()):
-                self._drop(key)
-        self._entries[self._next] = (adapter, new)
-        self._next += 1
-        self.cached_bytes += new.nbytes
-        while self.cached_bytes > self.max_bytes and self._entries:
-            self._drop(next(iter(self._entries)))
+        root = self._roots.setdefault(adapter, _Node([], []))
+        path = self._walk(root, ids)
+        matched = sum(n for _, n in path)
+        parent = root
+        if path:
+            last, n = path[-1]
+            parent = last if n == len(last.tokens) else self._split(last, n)
+        now = next(self._clock)
+        if matched < len(ids):
+            new = _own(columns(matched, len(ids)))
+            grown = sum(k.nbytes + v.nbytes for k, v in new)
+            if grown > self.max_bytes:
+                return
+            if parent is not root and not parent.children:  # the same rollout's next step: extend it
+                parent.kv = [
+                    (torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2))
+                    for (pk, pv), (k, v) in zip(parent.kv, new, strict=True)
+                ]
+                parent.tokens = parent.tokens + ids[matched:]
+            else:
+                leaf = _Node(ids[matched:], new, parent)
+                parent.children[leaf.tokens[0]] = leaf
+                parent = leaf
+            self.cached_bytes += grown
+        node: _Node | None = parent
+        while node is not None:
+            node.used = now
+            node = node.parent
+        self._evict()
 
     def drop_adapter(self, adapter: str) -> None:
-        for key in [k for k, (a, _) in self._entries.items() if a == adapter]:
-            self._drop(key)
+        root = self._roots.pop(adapter, None)
+        if root is not None:
+            self.cached_bytes -= sum(n.nbytes for n in self._nodes(root))
 
     def clear(self) -> None:
-        for key in list(self._entries):
-            self._drop(key)
+        self._roots.clear()
+        self.cached_bytes = 0
 
-    def _drop(self, key: int) -> None:
-        _, entry = self._entries.pop(key)
-        self.cached_bytes -= entry.nbytes
+    # ------------------------------------------------------------------------------- tree
+    def _walk(self, root: _Node, ids: list[int]) -> list[tuple[_Node, int]]:
+        """The nodes `ids` runs through from `root`, each with how many of its tokens match
+        (all but maybe the last's)."""
+        path: list[tuple[_Node, int]] = []
+        node, pos = root, 0
+        while pos < len(ids) and (child := node.children.get(ids[pos])) is not None:
+            n = _common(child.tokens, ids[pos:])
+            path.append((child, n))
+            pos += n
+            if n < len(child.tokens):
+                break
+            node = child
+        return path
+
+    def _split(self, node: _Node, n: int) -> _Node:
+        """Cut `node` after its first `n` tokens; returns the new upper part (the lower part
+        keeps `node`'s children). Both parts are copied out, so the old buffer is freed."""
+        assert node.parent is not None and 0 < n < len(node.tokens)
+        upper = _Node(node.tokens[:n], _own(_slice(node.kv, 0, n)), node.parent, used=node.used)
+        node.parent.children[upper.tokens[0]] = upper
+        node.tokens, node.kv, node.parent = node.tokens[n:], _own(_slice(node.kv, n)), upper
+        upper.children[node.tokens[0]] = node
+        return upper
+
+    def _nodes(self, root: _Node | None = None) -> list[_Node]:
+        stack = [root] if root is not None else list(self._roots.values())
+        out: list[_Node] = []
+        while stack:
+            node = stack.pop()
+            if node.parent is not None:
+                out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def _evict(self) -> None:
+        """Least recently used leaves go until the bytes fit (a shared segment stays while a
+        leaf below it does)."""
+        while self.cached_bytes > self.max_bytes:
+            leaves = [n for n in self._nodes() if not n.children]
+            if not leaves:
+                return
+            leaf = min(leaves, key=lambda n: n.used)
+            assert leaf.parent is not None
+            del leaf.parent.children[leaf.tokens[0]]
+            self.cached_bytes -= leaf.nbytes

@@ -60,6 +60,51 @@ def test_prefix_cache_reuses_earlier_prompts_and_changes_no_output(engines):
     )
 
 
+def test_rollouts_that_share_a_system_prompt_store_it_once_and_answer_as_uncached(base_model_dir, engines):
+    """Four rollouts of one game: the system prompt and first observation are one segment of
+    the tree, each rollout's own turns another; a reply built from segments (the shared one
+    split where a rollout parts) is the reply without any cache."""
+    from ratchet.server.engine import Engine, GenRequest
+
+    _, plain = engines
+    tok = plain.tokenizer
+    system = "You play a text game. " + "Find the coin; the rooms are dark. " * 20
+    rollouts = []
+    for r in range(4):
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": "You are in the kitchen."}]
+        msgs += [{"role": "assistant", "content": f"go {['north', 'south', 'east', 'west'][r]}"}]
+        msgs += [{"role": "user", "content": f"You are in room {r}. It is dark."}]
+        rollouts.append(
+            tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+    shared = next(i for i, column in enumerate(zip(*rollouts, strict=False)) if len(set(column)) > 1)
+    assert shared > 150
+    engine = Engine(base_model_dir)
+    try:
+        got = [
+            engine.generate(GenRequest(prompt_ids=p, max_tokens=8, temperature=0)).token_ids for p in rollouts
+        ]
+        want = [
+            plain.generate(GenRequest(prompt_ids=p, max_tokens=8, temperature=0)).token_ids for p in rollouts
+        ]
+        assert got == want
+        cache = engine.prefix_cache
+        per_token = cache.cached_bytes // cache.cached_tokens
+        assert cache.cached_tokens == shared + sum(len(p) - shared for p in rollouts)  # not sum(len(p))
+        assert cache.cached_bytes == per_token * cache.cached_tokens
+        m, segments = cache.lookup(None, rollouts[2] + [1])
+        assert m == len(rollouts[2]) and len(segments) == 2
+        # a rollout's next turn extends its own segment and is answered as without a cache
+        more = rollouts[1] + tok.encode(" look", add_special_tokens=False)
+        assert (
+            engine.generate(GenRequest(prompt_ids=more, max_tokens=8, temperature=0)).token_ids
+            == plain.generate(GenRequest(prompt_ids=more, max_tokens=8, temperature=0)).token_ids
+        )
+        assert len(cache._nodes()) == 5
+    finally:
+        engine.close()
+
+
 def test_mixed_batch_of_hits_and_misses_matches_uncached(engines):
     from ratchet.server.engine import GenRequest
 
