@@ -20,9 +20,12 @@ once more after `--idle` seconds without requests:
 * `heap-dynamic`: glibc's default heap (its mmap threshold rises to the largest size freed);
 * `heap-mmap`: a fixed mmap threshold of `--mmap-mb` (`MALLOC_MMAP_THRESHOLD_`): larger
   allocations get their own mapping, given back to the OS when freed;
+* `heap-mmap-thp`: the same, with glibc asking for transparent huge pages
+  (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`);
 * `prefix-flat`: the prefix cache before the radix tree, one full copy per prompt
   (`bench/_flat_prefix_cache.py`, patched in for this arm only);
-* `prefix-tree`: the server as `ratchet` starts it: prefixes that prompts share stored once.
+* `prefix-tree`: the server as `ratchet` starts it: prefixes that prompts share stored once;
+* `cache-512`, `cache-256`: the prefix cache's budget in MiB (512: the default).
 
 `--configs A B` compares two of them (the summary's ratios are B over A), each with the
 prefix cache's default budget and two heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py`
@@ -62,13 +65,19 @@ CONFIGS = {  # server flags
     "merge-frees": [],
     "heap-dynamic": [],
     "heap-mmap": [],
+    "heap-mmap-thp": [],
     "prefix-flat": [],
     "prefix-tree": [],
+    "cache-512": [],
+    "cache-256": ["--prefix-cache-mb", "256"],
 }
 ENVS = {  # extra environment for an arm's server (`{mmap}`: `--mmap-mb` in bytes)
     # glibc serves allocations of at least this many bytes with their own mapping, given back
     # on free, instead of raising the threshold to each freed size and reusing heap holes
     "heap-mmap": {"MALLOC_MMAP_THRESHOLD_": "{mmap}"},
+    # the same, with the kernel's transparent huge pages asked for (madvise): a fresh mapping
+    # faults in 2 MiB at a time instead of 4 KiB
+    "heap-mmap-thp": {"MALLOC_MMAP_THRESHOLD_": "{mmap}", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
 }
 PRELUDES = {  # run in the server process before `ratchet.server`: arms the server has no flag for
     "merge-keeps": "import ratchet.server.kv_cache as k; k.GrowingLayer.release = lambda self: None",
