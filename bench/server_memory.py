@@ -4,8 +4,9 @@ Agent rollouts send prompts that grow turn by turn: a fixed system prompt, then 
 adds an observation and the model's short reply, so every prompt extends the one before
 and the prefix cache reuses its keys and values. This plays `--sessions` such games of
 `--turns` turns each, 8 at a time, against a fresh `python -m ratchet.server` per
-configuration, samples the server's resident memory (VmRSS) twice a second, and reads it
-once more after `--idle` seconds without requests:
+configuration, samples the server's resident memory (VmRSS) twice a second (`peak_mb`),
+reads the kernel's high-water mark at the end (`hwm_mb`: no spike between samples missed),
+and reads it once more after `--idle` seconds without requests:
 
 * `keep`: freed memory stays mapped (`--keep-freed`, glibc's default);
 * `release`: the server as `ratchet` starts it: after half a second idle, freed memory goes
@@ -28,7 +29,7 @@ once more after `--idle` seconds without requests:
 * `cache-512`, `cache-256`: the prefix cache's budget in MiB (512: the default).
 
 `--configs A B` compares two of them (the summary's ratios are B over A), each with the
-prefix cache's default budget and two heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py`
+prefix cache's default budget (but `cache-256`) and two heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py`
 starts the server). Configurations alternate within each round (the machine is shared:
 compare within a run). The first result, `server_memory.json`, compared the prefix cache's
 old token budget with its byte budget; `server_memory_release.json` keep with release.
