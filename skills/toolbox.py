@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,13 +81,32 @@ class SandboxTool(Tool):
 
 
 class Toolbox:
-    """Distilled tools for rollouts (the actor's ToolRunner) and for MCP clients."""
+    """Distilled tools for rollouts (the actor's ToolRunner) and for MCP clients.
+
+    Rollouts run on many threads, each call in an event loop of its own (`asyncio.run`), and
+    each thread calls through a FastMCP server of its own (`_server`). FastMCP keeps asyncio
+    locks (its lifespan's) that belong to one event loop: with one server shared by every
+    thread, a thread that waited on that lock was woken from another thread's loop, which
+    does not wake it, and slept forever (a verify stage hung in a macro's call)."""
 
     def __init__(self, skills: Sequence[Skill], timeout_s: float = 5.0, memory_mb: int = 256) -> None:
         self.skills = {s.name: s for s in skills if s.tool is not None}
-        self.mcp = FastMCP("ratchet-tools")
+        self.timeout_s, self.memory_mb = timeout_s, memory_mb
+        self.mcp = self._build()  # for `ratchet tools serve` and other MCP clients: one event loop
+        self._local = threading.local()
+
+    def _build(self) -> FastMCP:
+        server = FastMCP("ratchet-tools")
         for skill in self.skills.values():
-            self.mcp.add_tool(SandboxTool.from_skill(skill, timeout_s, memory_mb))
+            server.add_tool(SandboxTool.from_skill(skill, self.timeout_s, self.memory_mb))
+        return server
+
+    def _server(self) -> FastMCP:
+        """This thread's own server over the same tools (see the class's docstring)."""
+        server = getattr(self._local, "server", None)
+        if server is None:
+            server = self._local.server = self._build()
+        return server
 
     def specs(self) -> list[ToolSpec]:
         """What the policy binds: each tool's schema without the hidden `task` argument."""
@@ -106,7 +126,7 @@ class Toolbox:
         return parse_plan(value)
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> Any:
-        async with Client(self.mcp) as client:
+        async with Client(self._server()) as client:
             result = await client.call_tool(name, arguments, raise_on_error=False)
         if result.is_error:
             text = " ".join(getattr(c, "text", "") for c in result.content).strip()
