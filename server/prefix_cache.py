@@ -113,7 +113,7 @@ class PrefixCache:
             parent = last if n == len(last.tokens) else self._split(last, n)
         now = next(self._clock)
         if matched < len(ids):
-            new = _own(columns(matched, len(ids)))
+            new = columns(matched, len(ids))  # views: copied once below, by `cat` or `_own`
             grown = sum(k.nbytes + v.nbytes for k, v in new)
             if grown > self.max_bytes:
                 return
@@ -124,7 +124,7 @@ class PrefixCache:
                 ]
                 parent.tokens = parent.tokens + ids[matched:]
             else:
-                leaf = _Node(ids[matched:], new, parent)
+                leaf = _Node(ids[matched:], _own(new), parent)
                 parent.children[leaf.tokens[0]] = leaf
                 parent = leaf
             self.cached_bytes += grown
