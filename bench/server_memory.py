@@ -14,25 +14,24 @@ and reads it once more after `--idle` seconds without requests:
 * `one-forward`: every prefill in one forward (`--prefill-chunk 0`);
 * `chunked`: the server as `ratchet` starts it: prefills in forwards of at most 2,048 query
   tokens (`server/engine.py:PREFILL_CHUNK`);
-* `merge-keeps`: a merge of new rows into the running batch keeps both sources' keys and
-  values until it has copied every layer (the engine before it released them layer by layer;
-  patched in for this arm only);
-* `merge-frees`: the server as `ratchet` starts it;
 * `heap-dynamic`: glibc's default heap (its mmap threshold rises to the largest size freed);
 * `heap-mmap`: a fixed mmap threshold of `--mmap-mb` (`MALLOC_MMAP_THRESHOLD_`): larger
   allocations get their own mapping, given back to the OS when freed;
 * `heap-mmap-thp`: the same, with glibc asking for transparent huge pages
   (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`);
-* `prefix-flat`: the prefix cache before the radix tree, one full copy per prompt
-  (`bench/_flat_prefix_cache.py`, patched in for this arm only);
-* `prefix-tree`: the server as `ratchet` starts it: prefixes that prompts share stored once;
 * `cache-512`, `cache-256`: the prefix cache's budget in MiB (512: the default).
+* `before`: the server's modules from another checkout (`--before-dir`, e.g. made with
+  `git worktree add /tmp/ratchet-before <rev>`), the rest of ratchet from this one: an A/B of
+  two versions of the engine on one machine in one run;
+* `now`: the server as `ratchet` starts it from this checkout.
 
 `--configs A B` compares two of them (the summary's ratios are B over A), each with the
 prefix cache's default budget (but `cache-256`) and two heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py`
 starts the server). Configurations alternate within each round (the machine is shared:
 compare within a run). The first result, `server_memory.json`, compared the prefix cache's
-old token budget with its byte budget; `server_memory_release.json` keep with release.
+old token budget with its byte budget; `server_memory_release.json` keep with release. Arms
+that patched code the key-value pool has since replaced (a merge that kept its sources, the
+flat prefix cache) are gone: their A/Bs are rerun at their commits, or against `before`.
 
     .venv/bin/python -m bench server_memory [--configs one-forward chunked] [--dtypes bfloat16 float32]
 """
@@ -62,15 +61,13 @@ CONFIGS = {  # server flags
     "release": [],
     "one-forward": ["--prefill-chunk", "0"],
     "chunked": [],
-    "merge-keeps": [],
-    "merge-frees": [],
     "heap-dynamic": [],
     "heap-mmap": [],
     "heap-mmap-thp": [],
-    "prefix-flat": [],
-    "prefix-tree": [],
     "cache-512": [],
     "cache-256": ["--prefix-cache-mb", "256"],
+    "before": [],
+    "now": [],
 }
 ENVS = {  # extra environment for an arm's server (`{mmap}`: `--mmap-mb` in bytes)
     # glibc serves allocations of at least this many bytes with their own mapping, given back
@@ -81,9 +78,8 @@ ENVS = {  # extra environment for an arm's server (`{mmap}`: `--mmap-mb` in byte
     "heap-mmap-thp": {"MALLOC_MMAP_THRESHOLD_": "{mmap}", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
 }
 PRELUDES = {  # run in the server process before `ratchet.server`: arms the server has no flag for
-    "merge-keeps": "import ratchet.server.kv_cache as k; k.GrowingLayer.release = lambda self: None",
-    "prefix-flat": "import ratchet.server.engine as e, bench._flat_prefix_cache as f; "
-    "e.PrefixCache = f.FlatPrefixCache",
+    # `ratchet.server`'s submodules are imported from the other checkout's `server/`
+    "before": "import ratchet.server as s; s.__path__[:] = [{before!r}]",
 }
 WORDS = (
     "you are in the kitchen pantry corridor a the to north south east west door open coin "
@@ -100,6 +96,7 @@ class Options:
     rounds: int = option(1, help="keep/release pairs per number format")
     idle: float = option(3.0, help="seconds without requests before the last reading")
     mmap_mb: float = option(1.0, help="heap-mmap: glibc's fixed mmap threshold, MiB")
+    before_dir: str = option("", help="before: a checkout of ratchet to take the server's modules from")
     models_dir: Path = option(ROOT / ".ratchet" / "test-models")
     port: int = option(8917)
     out: str = option("server_memory_chunked", help="result name under bench/results/")
@@ -112,10 +109,8 @@ def rss_mb(pid: int) -> int:
 def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
     start = ["-m", "ratchet.server"]
     if config in PRELUDES:
-        start = [
-            "-c",
-            f"{PRELUDES[config]}; import runpy; runpy.run_module('ratchet.server', run_name='__main__')",
-        ]
+        prelude = PRELUDES[config].format(before=str(Path(opts.before_dir).resolve() / "server"))
+        start = ["-c", f"{prelude}; import runpy; runpy.run_module('ratchet.server', run_name='__main__')"]
     args = [sys.executable, *start, "--port", str(opts.port)]
     args += ["--models-dir", str(opts.models_dir), "--dtype", dtype]
     args += CONFIGS[config]
@@ -188,6 +183,10 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
 def run(opts: Options) -> None:
     if len(opts.configs) != 2 or not set(opts.configs) <= set(CONFIGS):
         raise SystemExit(f"--configs takes two of {', '.join(CONFIGS)}")
+    if "before" in opts.configs and not (Path(opts.before_dir) / "server" / "engine.py").is_file():
+        raise SystemExit(
+            "the before arm needs --before-dir: a checkout, e.g. git worktree add /tmp/ratchet-before REV"
+        )
     a, b = opts.configs
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for dtype in opts.dtypes:

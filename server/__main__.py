@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
         "--prefix-cache-mb",
         type=int,
         default=None,
-        help="memory for the keys and values of earlier prompts, in MiB (default 512; 0: no prefix caching)",
+        help="memory for keys and values, the running requests' and earlier prompts', in MiB (default 512; "
+        "more only while running requests alone need it; 0: no prefix caching)",
     )
     p.add_argument(
         "--dtype",

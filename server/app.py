@@ -80,6 +80,11 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             "adapters": sorted(engine.adapters),
             **engine.stats,
             **resident_mb(),
+            # the key-value pool (`server.kv_pool`): its size and what running requests or the
+            # prefix cache hold of it (read beside the worker: a moment's figure)
+            "kv_pool_mb": engine.pool.capacity * engine.pool.slot_bytes >> 20,
+            "kv_in_use_mb": engine.pool.in_use() * engine.pool.slot_bytes >> 20,
+            "prefix_cache_evictions": engine.prefix_cache.evictions,
         }
 
     @app.get("/v1/models")

@@ -21,12 +21,14 @@ the others, then `"}}`) the row is answered without decoding it (`_forced_end`).
 step then costs one prefill and, when two valid actions share their first tokens, a forward
 or two; the reply is the one decoding every token would give (bench/results/forced_end.json).
 
-Keys and values are appended in place (`server.kv_cache`), not concatenated per step. A
-finished row's cache stays in the batch until the next admission, whose merge copies the
-live rows anyway and leaves it out (or until `compact_share` of the rows are finished):
-agent traffic finishes a row and admits the same agent's next step moments later, and one
-copy of the batch for both is half the copying of two. The worker clocks its time by part
-in `stats` (`bench/profile_generation.py` reads them through `/health`).
+Keys and values live in one pool shared by the running batch and the prefix cache
+(`server.kv_pool`): a token's are written once, into a slot, when it is prefilled or
+decoded; a batch is a table of slot numbers and the model reads it through `PagedCache`
+(`server.kv_cache`), one layer at a time. Admitting a cached prompt, merging new rows into
+the batch and dropping finished ones move slot numbers, never keys and values. A finished
+row stays in the table until the next admission (or until `compact_share` of the rows are
+finished), fed padding whose keys and values go to a scratch slot. The worker clocks its time
+by part in `stats` (`bench/profile_generation.py` reads them through `/health`).
 
 What it does not do (say so, then nobody is surprised):
 * rows of one batch share an adapter; requests for another adapter wait until it drains;
@@ -59,7 +61,8 @@ import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ratchet.server import attention, prefix_cache
-from ratchet.server.kv_cache import GrowingCache, spare
+from ratchet.server.kv_cache import PagedCache
+from ratchet.server.kv_pool import PAD, SCRATCH, KVPool, slot_bytes
 from ratchet.server.memory import release_free_memory
 from ratchet.server.prefix_cache import PrefixCache
 from ratchet.server.schema_bounds import bound_patterns
@@ -124,7 +127,8 @@ class Engine:
         # False: one padded forward for all (bench/results/prefill_groups.json)
         self.group_prefill = group_prefill
         # finished rows ride along until the next admission, or until they are this share of
-        # the batch (0: copied out at once, as before; bench/results/kv_append.json)
+        # the batch (0: dropped at once). It saved a copy of the batch when rows had buffers
+        # of their own (bench/results/kv_append.json); in the pool, dropping a row copies nothing
         self.compact_share = compact_share
         # a reply whose grammar forces its rest is finished without decoding it (`_forced_end`;
         # False: decoded token by token, as before; bench/results/forced_end.json)
@@ -169,7 +173,15 @@ class Engine:
             "in_flight": 0,  # requests submitted and not yet answered (or cancelled)
         }
         self._count_lock = threading.Lock()
-        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        # keys and values of running requests and cached prompts, in one pool (`server.kv_pool`):
+        # it starts with room for `prefix_cache_bytes` and grows only when running requests
+        # alone need more; cached prompts are given back to make room
+        cfg = self.model.config
+        heads = cfg.num_key_value_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shape = (cfg.num_hidden_layers, heads, dim, dtype)
+        self.pool = KVPool(*shape, capacity=prefix_cache_bytes // slot_bytes(*shape))
+        self.prefix_cache = PrefixCache(self.pool, enabled=prefix_cache_bytes > 0)
         self._queue: queue.Queue[GenRequest] = queue.Queue()
         self._lock = threading.Lock()  # held while the model runs or changes
         self._stopped = threading.Event()
@@ -286,6 +298,7 @@ class Engine:
                 except Exception as exc:  # noqa: BLE001 - report to every caller, keep serving
                     log.exception("generation failed")
                     self._fail(batch, deque(), exc)
+                    self._drop(batch)
                     batch = None
 
     def _next_request(self, worked: bool) -> GenRequest | None:
@@ -305,6 +318,12 @@ class Engine:
         for req in [*(row.req for row in (batch.rows if batch else [])), *pending]:
             if not req.future.done():
                 req.future.set_exception(exc)
+
+    def _drop(self, batch: _Batch | None) -> None:
+        """A batch that ends gives its rows' slots back (the prefix cache may still hold them)."""
+        if batch is not None:
+            self.pool.release(batch.slots)
+            batch.slots = batch.slots[:, :0]
 
     def _admit(self, batch: _Batch | None, pending: deque[GenRequest]) -> _Batch | None:
         """Move waiting requests for the batch's adapter into it (prefilled), up to max_batch."""
@@ -336,9 +355,10 @@ class Engine:
             return new
         try:
             with self._clock("kv_seconds"):
-                return _merge(batch, new)
+                return _merge(self.pool, batch, new)
         except Exception as exc:  # the loop fails `batch`'s rows; these are not in it yet
             self._fail(new, deque(), exc)
+            self._drop(new)
             raise
 
     @contextmanager
@@ -376,60 +396,86 @@ class Engine:
         prompts = [row.req.prompt_ids + row.out_ids for row in rows]
         with self._clock("kv_seconds"):
             hits = [self.prefix_cache.lookup(adapter, p) for p in prompts]
+            for _, slots in hits:  # held now: making room for the prefills must not free them
+                if slots is not None:
+                    self.pool.hold(slots)
         new = [len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)]
         groups = prefill_groups(new) if self.group_prefill else [list(range(len(rows)))]
         batch: _Batch | None = None
-        with self._adapter(adapter):
-            for group in groups:
-                part = self._prefill([prompts[i] for i in group], [hits[i] for i in group], adapter)
-                done = _Batch(adapter, [rows[i] for i in group], *part)
-                with self._clock("kv_seconds"):
-                    batch = done if batch is None else _merge(batch, done)
+        started: set[int] = set()  # rows whose slots a prefill took over (and gives back if it fails)
+        try:
+            with self._adapter(adapter):
+                for group in groups:
+                    started.update(group)
+                    part = self._prefill([prompts[i] for i in group], [hits[i] for i in group], adapter)
+                    done = _Batch(adapter, [rows[i] for i in group], *part)
+                    with self._clock("kv_seconds"):
+                        batch = done if batch is None else _merge(self.pool, batch, done)
+        except BaseException:
+            self._drop(batch)
+            for i, (_, slots) in enumerate(hits):
+                if slots is not None and i not in started:
+                    self.pool.release(slots)
+            raise
         assert batch is not None
         return batch
 
     def _prefill(
         self, prompts: list[list[int]], hits: list[tuple[int, Any]], adapter: str | None
-    ) -> tuple[GrowingCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One batched forward over what the prefix cache does not already hold (`hits`: each
-        prompt's cached prefix length and its keys and values).
+        prompt's cached prefix length and its slots, which the caller holds for the batch).
 
         Row i is laid out as [pad | cached prefix (m_i) | pad | new tokens (s_i)] — holes are
         masked out, positions are explicit — so hits and misses share one forward pass.
-        Returns the batch cache, its attention mask, each row's next position and last logits.
+        Returns the rows' slot table, their attention mask, next positions and last logits.
         """
         n = len(prompts)
         past = max(m for m, _ in hits)
         width = max(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
-        with self._clock("kv_seconds"):
-            cache = _past_cache(hits, past, room=width)
         attn = torch.zeros((n, past + width), dtype=torch.long)
         input_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
         positions = torch.zeros((n, width), dtype=torch.long)
-        for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
-            new = p[m:]
+        # left padding reads zeros; padding among the new columns is written, never attended
+        slots = torch.full((n, past + width), SCRATCH, dtype=torch.long)
+        slots[:, :past] = PAD
+        news = [len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)]
+        for i, (p, (m, prefix)) in enumerate(zip(prompts, hits, strict=True)):
             attn[i, past - m : past] = 1
-            attn[i, past + width - len(new) :] = 1
-            input_ids[i, width - len(new) :] = torch.tensor(new)
-            positions[i, width - len(new) :] = torch.arange(m, len(p))
-        with self._clock("prefill_seconds"):
-            for start, end in prefill_chunks(n, width, self.prefill_chunk):
-                out = self.model(
-                    input_ids=input_ids[:, start:end],
-                    attention_mask=attn[:, : past + end],
-                    position_ids=positions[:, start:end],
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-        with self._clock("kv_seconds"):
-            for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
-                self.prefix_cache.store(adapter, p, _row_columns(cache, i, past - m, m, width - (len(p) - m)))
+            attn[i, past + width - news[i] :] = 1
+            input_ids[i, width - news[i] :] = torch.tensor(p[m:])
+            positions[i, width - news[i] :] = torch.arange(m, len(p))
+            if prefix is not None:
+                slots[i, past - m : past] = prefix
+        try:  # from here the slot table holds the rows' slots: given back if anything fails
+            with self._clock("kv_seconds"):
+                fresh = self.pool.allocate(sum(news), self.prefix_cache.evict)
+                ends = torch.tensor(news).cumsum(0).tolist()
+                for i, end in enumerate(ends):
+                    slots[i, past + width - news[i] :] = fresh[end - news[i] : end]
+            cache = PagedCache(self.pool, slots, past)
+            with self._clock("prefill_seconds"):
+                for start, end in prefill_chunks(n, width, self.prefill_chunk):
+                    out = self.model(
+                        input_ids=input_ids[:, start:end],
+                        attention_mask=attn[:, : past + end],
+                        position_ids=positions[:, start:end],
+                        cache=cache,
+                        use_cache=True,
+                        logits_to_keep=1,
+                    )
+            with self._clock("kv_seconds"):
+                for i, (p, (m, _)) in enumerate(zip(prompts, hits, strict=True)):
+                    held = torch.cat([slots[i, past - m : past], slots[i, past + width - news[i] :]])
+                    self.prefix_cache.store(adapter, p, held)
+        except BaseException:
+            self.pool.release(slots)
+            raise
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
-        self.stats["prefilled_tokens"] += sum(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
+        self.stats["prefilled_tokens"] += sum(news)
         self.stats["prefill_slots"] += n * width
         next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        return cache, attn, next_pos, out.logits[:, -1, :].float()
+        return slots, attn, next_pos, out.logits[:, -1, :].float()
 
     def _forced_end(self, row: _Row) -> None:
         """Finish `row` now if its grammar forces the rest of the reply, stop token included.
@@ -481,9 +527,9 @@ class Engine:
     def _step(self, b: _Batch) -> _Batch | None:
         """Sample one token for every live row, answer finished rows, feed the batch one step.
 
-        A finished row is answered at once but its cache is not copied out then: it rides
-        along (fed a pad token, its logits ignored) until the next admission rebuilds the
-        cache without it, one copy for both, or until `compact_share` of the rows are finished."""
+        A finished row is answered at once and rides along (fed a pad token, its logits
+        ignored) until the next admission leaves it out, or until `compact_share` of the rows
+        are finished; its slots are given back then."""
         live = [i for i, row in enumerate(b.rows) if row.finish is None]
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(live))
         n = len(b.rows)
@@ -538,26 +584,34 @@ class Engine:
                 )
         keep = [i for i in live if b.rows[i].finish is None]
         if not keep:
+            self._drop(b)
             return None
         if len(keep) < n and n - len(keep) >= self.compact_share * n:  # stop computing for them
             with self._clock("kv_seconds"):
                 idx = torch.tensor(keep, dtype=torch.long)
-                b.cache.batch_select_indices(idx)
-                b.rows, b.attn, b.pos, tokens = (
+                gone = torch.tensor([i for i in range(n) if i not in keep], dtype=torch.long)
+                self.pool.release(b.slots[gone])
+                b.rows, b.slots, b.attn, b.pos, tokens = (
                     [b.rows[i] for i in keep],
+                    b.slots[idx],
                     b.attn[idx],
                     b.pos[idx],
                     tokens[idx],
                 )
-                _trim_left(b)
+                _trim_left(self.pool, b)
         n = len(b.rows)
+        with self._clock("kv_seconds"):  # the new column: a slot per live row, scratch for the rest
+            column = torch.full((n, 1), SCRATCH, dtype=torch.long)
+            live_now = torch.tensor([row.finish is None for row in b.rows])
+            column[live_now] = self.pool.allocate(int(live_now.sum()), self.prefix_cache.evict)[:, None]
+            b.slots = torch.cat([b.slots, column], dim=1)
         b.attn = torch.cat([b.attn, torch.ones((n, 1), dtype=torch.long)], dim=1)
         with self._adapter(b.adapter), self._clock("decode_seconds"):
             out = self.model(
                 input_ids=tokens[:, None],
                 attention_mask=b.attn,
                 position_ids=b.pos[:, None],
-                cache=b.cache,
+                cache=PagedCache(self.pool, b.slots, b.slots.shape[1] - 1),
                 use_cache=True,
             )
         self.stats["forward_steps"] += 1
@@ -619,122 +673,52 @@ class _Row:
 
 @dataclass
 class _Batch:
-    """The running batch: rows share one KV cache, left-padded to a common width."""
+    """The running batch: rows left-padded to a common width of columns, each column a slot of
+    the engine's pool. Every slot number at or above `kv_pool.RESERVED` in `slots` is held once
+    by the batch (released when its row leaves it)."""
 
     adapter: str | None
     rows: list[_Row]
-    cache: GrowingCache
-    attn: torch.Tensor  # [rows, width] 1 where a cache column belongs to the row
+    slots: torch.Tensor  # [rows, width] each column's slot in the pool (PAD where the row has none)
+    attn: torch.Tensor  # [rows, width] 1 where a column belongs to the row
     pos: torch.Tensor  # [rows] position of each row's next token
     logits: torch.Tensor  # [rows, vocab] for each row's next token
 
 
-def _past_cache(hits: list[tuple[int, Any]], past: int, room: int) -> GrowingCache:
-    """A batch cache holding each row's cached prefix, right-aligned to `past` columns, with
-    room for `room` more columns (the prefill's) and then some (the decode steps')."""
-    cache = GrowingCache(room=room)
-    if not past:
-        return cache
-    n = len(hits)
-    ref = next(segments[0] for _, segments in hits if segments)
-    for layer, (ref_k, ref_v) in enumerate(ref):
-        # empty, not zeros: only a row's left hole is read (masked, but it must not hold NaN
-        # garbage: 0 * NaN); the prefill writes every column after `past`, and the spare
-        # columns beyond are never read. Zeroing the whole buffer was most of an admission's
-        # KV bookkeeping (bench/results/forced_end.json's `kv`).
-        keys = ref_k.new_empty((n, ref_k.shape[1], spare(past + room), ref_k.shape[3]))
-        values = ref_v.new_empty((n, ref_v.shape[1], spare(past + room), ref_v.shape[3]))
-        for i, (m, segments) in enumerate(hits):
-            keys[i, :, : past - m] = 0
-            values[i, :, : past - m] = 0
-            col = past - m
-            for segment in segments or []:  # the prefix's segments, in order (`server.prefix_cache`)
-                k, v = segment[layer]
-                keys[i, :, col : col + k.shape[2]] = k[0]
-                values[i, :, col : col + k.shape[2]] = v[0]
-                col += k.shape[2]
-        cache.adopt(layer, keys, values, past)
-    return cache
-
-
-def _row_columns(cache: GrowingCache, row: int, first: int, m: int, gap: int) -> prefix_cache.Columns:
-    """A prefilled row's keys and values by token: its cached prefix (`m` tokens) sits at
-    columns `first`.., its new tokens after a hole of padding, `gap` columns further on."""
-
-    def columns(start: int, end: int) -> prefix_cache.KV:
-        spans = [(a, b) for a, b in ((start, min(end, m)), (max(start, m) + gap, end + gap)) if a < b]
-        out = []
-        for lay in cache.layers:
-            parts = [
-                (
-                    lay.keys[row : row + 1, :, first + a : first + b],
-                    lay.values[row : row + 1, :, first + a : first + b],
-                )
-                for a, b in spans
-            ]
-            out.append(
-                (torch.cat([k for k, _ in parts], dim=2), torch.cat([v for _, v in parts], dim=2))
-                if len(parts) > 1
-                else parts[0]
-            )
-        return out
-
-    return columns
-
-
-def _merge(a: _Batch, b: _Batch) -> _Batch:
-    """The live rows of a, then b's, in a new cache: each row's used columns copied once,
-    right-aligned to the widest (finished rows of a and columns nobody uses are left out).
-
-    a's and b's caches are used up: each layer is released once it is copied, so a merge
-    holds one layer twice at a time, not the whole batch (a and b are not used after; the
-    server's resident peak did not reliably drop with it: bench/RESULTS.md, server_memory)."""
+def _merge(pool: KVPool, a: _Batch, b: _Batch) -> _Batch:
+    """The live rows of a, then b's, right-aligned to the widest (finished rows of a and columns
+    nobody uses are left out and their slots given back). Only slot numbers move."""
     parts = [(x, [i for i, row in enumerate(x.rows) if row.finish is None]) for x in (a, b)]
     firsts = [_first_used(x.attn[rows]) for x, rows in parts]
     width = max(x.attn.shape[1] - first for (x, _), first in zip(parts, firsts, strict=True))
-    n = sum(len(rows) for _, rows in parts)
-    cache = GrowingCache()
-    for layer in range(len(a.cache.layers)):
-        kv = []
-        for kind in ("keys", "values"):
-            ref = getattr(a.cache.layers[layer], kind)
-            out = ref.new_empty((n, ref.shape[1], spare(width), ref.shape[3]))
-            j = 0
-            for (x, rows), first in zip(parts, firsts, strict=True):
-                src = getattr(x.cache.layers[layer], kind)
-                cols = x.attn.shape[1] - first
-                for i in rows:
-                    out[j, :, : width - cols] = 0  # left padding: masked, but never garbage (NaN * 0)
-                    out[j, :, width - cols : width] = src[i, :, first:]
-                    j += 1
-            kv.append(out)
-        cache.adopt(layer, kv[0], kv[1], width)
-        for x, _ in parts:
-            x.cache.layers[layer].release()  # type: ignore[attr-defined]
+    for (x, rows), first in zip(parts, firsts, strict=True):
+        gone = [i for i in range(len(x.rows)) if i not in rows]
+        pool.release(x.slots[gone])
+        pool.release(x.slots[rows][:, :first])  # unattended columns hold no slot; never leak one
 
-    def pick(t: torch.Tensor, rows: list[int], first: int) -> torch.Tensor:  # [rows, cols]
+    def pick(t: torch.Tensor, rows: list[int], first: int, fill: int) -> torch.Tensor:  # [rows, cols]
         t = t[rows][:, first:]
-        return F.pad(t, (width - t.shape[1], 0))
+        return F.pad(t, (width - t.shape[1], 0), value=fill)
 
     return _Batch(
         a.adapter,
         [x.rows[i] for x, rows in parts for i in rows],
-        cache,
-        torch.cat([pick(x.attn, rows, f) for (x, rows), f in zip(parts, firsts, strict=True)]),
+        torch.cat([pick(x.slots, rows, f, PAD) for (x, rows), f in zip(parts, firsts, strict=True)]),
+        torch.cat([pick(x.attn, rows, f, 0) for (x, rows), f in zip(parts, firsts, strict=True)]),
         torch.cat([x.pos[rows] for x, rows in parts]),
         torch.cat([x.logits[rows] for x, rows in parts]),
     )
 
 
 def _first_used(attn: torch.Tensor) -> int:
-    """The first cache column any of these rows attends to."""
+    """The first column any of these rows attends to."""
     used = torch.nonzero(attn.any(dim=0))
     return int(used[0]) if used.numel() else attn.shape[1]
 
 
-def _trim_left(b: _Batch) -> None:
-    """Drop leading cache columns no remaining row uses (left over from rows that finished)."""
+def _trim_left(pool: KVPool, b: _Batch) -> None:
+    """Drop leading columns no remaining row uses (left over from rows that finished)."""
     first = _first_used(b.attn)
     if 0 < first < b.attn.shape[1]:
-        b.cache.trim_left(first)
-        b.attn = b.attn[:, first:]
+        pool.release(b.slots[:, :first])
+        b.slots, b.attn = b.slots[:, first:], b.attn[:, first:]

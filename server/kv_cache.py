@@ -1,131 +1,63 @@
-"""A KV cache that appends in place, for the engine's running batch.
+"""The cache transformers' model sees during one of the engine's forwards: a view of the pool.
 
-transformers' `DynamicLayer` concatenates on every update: each decode step copies every
-row's keys and values of every layer to append one column. For a batch of 8 agent prompts
-of ~600 tokens that is ~220 MB of copying per step on the 135M model, about what reading its
-weights costs. `GrowingLayer` keeps keys and values in a buffer with spare columns, so a
-decode step writes one column; the buffer grows by an eighth when full (amortized O(1) per
-token; an agent's reply is a few decoded tokens, so spare room is mostly memory held for
-nothing: bench/results/batch_memory.json, where growing by half peaked 0.17-0.32 GB higher
-after the first two batches of 8 prompts of 2,000 tokens and the same after the third).
+The model calls `update(keys, values, layer)` once per layer with the forward's new keys and
+values and attends to what it returns. `PagedCache` writes the new ones into their slots of
+the pool (`server.kv_pool`) and returns the layer's keys and values for the batch's whole
+slot table, gathered into a [rows, heads, columns, dim] tensor that lives only while that
+layer attends. The slot table is the engine's ([rows, columns], left-padded like the
+attention mask, with the forward's new columns already allocated at its right end), so the
+mask, the positions and the columns line up as they did with per-batch buffers.
 
-`self.keys` / `self.values` stay what transformers expects (the used columns, as views of the
-buffer). Anything that replaces them (slicing, selecting rows) is noticed on the next update
-and the buffer rebuilt from them; the engine uses `batch_select_indices`, `trim_left` and `adopt`,
-which keep the spare columns.
+A prefill in chunks calls the model once per chunk with the same cache: each layer counts
+the columns it has written, so each chunk writes its own columns and attends to every one
+before them.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-SPARE_MIN = 64  # columns of room a rebuilt buffer gets at least (a step's prefill or decode)
-GROWTH = 0.125  # and at least this share of its used columns (amortized O(1) appends)
+from ratchet.server.kv_pool import KVPool
 
 
-class GrowingLayer(DynamicLayer):
-    def __init__(self, room: int = 0) -> None:
+class PagedLayer(DynamicLayer):
+    def __init__(self, cache: PagedCache, layer: int) -> None:
         super().__init__()
-        self._room = room  # columns the first buffer is made for (a chunked prefill's whole width)
-        self._k: torch.Tensor | None = None  # [rows, heads, capacity, dim]
-        self._v: torch.Tensor | None = None
-        self._used = 0
-        self._published: tuple[torch.Tensor, torch.Tensor] | None = None  # the views handed out
+        self.cache, self.layer = cache, layer
+        self.written = cache.past  # columns of the slot table this layer has keys and values for
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        new = key_states.shape[-2]
-        if not self._owns_views() or self._k is None or self._k.shape[-2] < self._used + new:
-            first = self._k is None and not self.keys.numel()
-            self._rebuild(key_states, value_states, room=max(new, self._room) if first else new)
-        assert self._k is not None and self._v is not None
-        self._k[:, :, self._used : self._used + new] = key_states
-        self._v[:, :, self._used : self._used + new] = value_states
-        self._used += new
-        self._publish()
-        return self.keys, self.values
+        cache, new = self.cache, key_states.shape[-2]
+        end = self.written + new
+        if end > cache.slots.shape[1]:
+            raise RuntimeError(f"the slot table has {cache.slots.shape[1]} columns; a forward needs {end}")
+        cache.pool.write(self.layer, cache.slots[:, self.written : end], key_states, value_states)
+        self.written = end
+        return cache.pool.gather(self.layer, cache.slots[:, :end])
 
-    def adopt(self, keys: torch.Tensor, values: torch.Tensor, used: int) -> None:
-        """Take buffers the caller filled (`used` columns, the rest spare) without copying."""
-        self.lazy_initialization(keys, values)
-        self._k, self._v, self._used = keys, values, used
-        self._publish()
+    def get_seq_length(self) -> int:
+        return self.written
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep these rows (one copy, spare columns included)."""
-        if self._owns_views() and self._k is not None and self._v is not None:
-            self._k, self._v = self._k.index_select(0, indices), self._v.index_select(0, indices)
-            self._publish()
-        else:
-            super().batch_select_indices(indices)
-
-    def trim_left(self, first: int) -> None:
-        """Drop the first `first` columns (a view: nothing is copied)."""
-        if self._owns_views() and self._k is not None and self._v is not None:
-            self._k, self._v = self._k[:, :, first:], self._v[:, :, first:]
-            self._used -= first
-            self._publish()
-        else:
-            self.keys, self.values = self.keys[:, :, first:], self.values[:, :, first:]
-
-    def release(self) -> None:
-        """Let go of the buffers (the layer holds nothing after): a merge that has copied this
-        layer's rows out frees them before it copies the next layer's."""
-        self._k = self._v = None
-        self._used = 0
-        self.keys = self.values = torch.empty(0)
-        self._published = None
-
-    def _owns_views(self) -> bool:
-        """Are `keys`/`values` still the views this layer published (nobody replaced them)?"""
-        published = self._published
-        return published is not None and published[0] is self.keys and published[1] is self.values
-
-    def _rebuild(self, key_states: torch.Tensor, value_states: torch.Tensor, room: int) -> None:
-        old_k = self.keys if self.keys.numel() else None
-        old_v = self.values if self.values.numel() else None
-        used = 0 if old_k is None else old_k.shape[-2]
-        rows, heads, _, dim = key_states.shape
-        capacity = spare(used + room)
-        self._k = key_states.new_empty((rows, heads, capacity, dim))
-        self._v = value_states.new_empty((rows, value_states.shape[1], capacity, value_states.shape[-1]))
-        if old_k is not None and old_v is not None:
-            self._k[:, :, :used] = old_k
-            self._v[:, :, :used] = old_v
-        self._used = used
-
-    def _publish(self) -> None:
-        assert self._k is not None and self._v is not None
-        self.keys, self.values = self._k[:, :, : self._used], self._v[:, :, : self._used]
-        self._published = (self.keys, self.values)
+        raise NotImplementedError("select rows in the engine's slot table, not in the cache")
 
 
-class GrowingCache(DynamicCache):
-    """A `DynamicCache` of `GrowingLayer`s; `room`: columns an empty cache's layers are made for
-    on their first update (a prefill in chunks fills them without growing them chunk by chunk)."""
+class PagedCache(DynamicCache):
+    """One forward's (or one chunked prefill's) cache over `slots` [rows, columns] of `pool`,
+    whose first `past` columns already hold keys and values."""
 
-    def __init__(self, room: int = 0) -> None:
+    def __init__(self, pool: KVPool, slots: torch.Tensor, past: int) -> None:
         super().__init__()
-        self.layer_class_to_replicate = partial(GrowingLayer, room)  # type: ignore[assignment]
-
-    def adopt(self, layer: int, keys: torch.Tensor, values: torch.Tensor, used: int) -> None:
-        while len(self.layers) <= layer:
-            self.layers.append(GrowingLayer())
-        self.layers[layer].adopt(keys, values, used)  # type: ignore[attr-defined]
-
-    def trim_left(self, first: int) -> None:
-        for layer in self.layers:
-            layer.trim_left(first)  # type: ignore[attr-defined]
-
-
-def spare(used: int) -> int:
-    """Capacity for a buffer the engine fills with `used` columns."""
-    return used + max(SPARE_MIN, int(used * GROWTH))
+        self.pool, self.slots, self.past = pool, slots, past
+        self.layers = [PagedLayer(self, i) for i in range(pool.layers)]
+        self.layer_class_to_replicate = None

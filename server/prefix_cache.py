@@ -1,4 +1,4 @@
-"""Reuse the KV cache of earlier prompts: an agent's next prompt extends its previous one.
+"""Reuse the keys and values of earlier prompts: an agent's next prompt extends its previous one.
 
 On CPU, prefill is the cost of an agent step (a 300-token prompt takes seconds to prefill
 with the 135M model, a 15-token action a fraction of that). Consecutive steps of a rollout
@@ -7,46 +7,39 @@ token prefix of each prompt and prefills only the rest.
 
 The cache is a radix tree of token segments (as SGLang's RadixAttention): what prompts share
 is stored once. Every rollout of a run starts with the same system prompt (the task's rules,
-the live skills, the tools) and the k rollouts of one task with the same first observation;
-a cache of whole prompts held that common part once per rollout. A prompt that extends a
-leaf (the same rollout's next step) extends that leaf in place, so a rollout's own turns stay
-one segment instead of one per turn. A lookup returns the matched path as a list of segments,
-which the engine copies into its batch one after the other.
+the live skills, the tools) and the k rollouts of one task with the same first observation.
+A prompt that extends a leaf (the same rollout's next step) extends that leaf, so a rollout's
+own turns stay one segment. A segment holds slot numbers of the engine's pool
+(`server.kv_pool`), not keys and values: storing a prompt takes a hold on the slots its
+prefill wrote, and a lookup returns the matched path's slots, which the batch then holds too.
+Nothing is copied either way.
 
-Entries are per adapter (different weights, different keys and values), evicted least
-recently used, leaf by leaf, beyond `max_bytes` of keys and values in all. The budget is in
-bytes, not tokens, because a token's size depends on the model and its number format
-(SmolLM2-135M: 46 KB a token in float32, 23 KB in bfloat16): a token budget that fits bf16
-doubles the server's memory in fp32. Not thread-safe: only the engine's worker thread
+Entries are per adapter (different weights, different keys and values). The cache gives
+memory back when the pool needs it (`evict`, the pool's `allocate` calls it): the least
+recently used leaf whose slots only the cache still holds goes first; a leaf that running
+requests also hold frees nothing and stays. Not thread-safe: only the engine's worker thread
 touches it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
 
 import torch
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [1, heads, tokens, dim]
-Columns = Callable[[int, int], KV]  # the KV of a prompt's tokens [start, end), as views
+from ratchet.server.kv_pool import KVPool
 
-
-DEFAULT_BYTES = 512 * 2**20  # bf16: ~22k distinct tokens of SmolLM2-135M; fp32: half
+DEFAULT_BYTES = 512 * 2**20  # bf16: ~22k tokens of SmolLM2-135M; fp32: half
 
 
 @dataclass(eq=False)
 class _Node:
     tokens: list[int]  # this segment's tokens (the root's: none)
-    kv: KV  # this segment's keys and values, contiguous, owned
+    slots: torch.Tensor  # the pool's slot of each token, held by the cache
     parent: _Node | None = None
     children: dict[int, _Node] = field(default_factory=dict)  # by first token
     used: int = 0  # the cache's clock when a lookup or store last passed through
-
-    @property
-    def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.kv)
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -58,35 +51,29 @@ def _common(a: list[int], b: list[int]) -> int:
     return i
 
 
-def _slice(kv: KV, start: int, end: int | None = None) -> KV:
-    return [(k[:, :, start:end], v[:, :, start:end]) for k, v in kv]
-
-
-def _own(kv: KV) -> KV:
-    """Contiguous copies: a stored segment never keeps a larger buffer (a batch's) alive."""
-    return [
-        (k.clone(memory_format=torch.contiguous_format), v.clone(memory_format=torch.contiguous_format))
-        for k, v in kv
-    ]
-
-
 class PrefixCache:
-    def __init__(self, max_bytes: int = DEFAULT_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.cached_bytes = 0
+    def __init__(self, pool: KVPool, enabled: bool = True) -> None:
+        self.pool = pool
+        self.enabled = enabled
         self._roots: dict[str | None, _Node] = {}  # per adapter
         self._clock = count(1)
         self.hits = 0
         self.reused_tokens = 0
+        self.evictions = 0
 
     @property
     def cached_tokens(self) -> int:
         return sum(len(n.tokens) for n in self._nodes())
 
-    def lookup(self, adapter: str | None, ids: list[int]) -> tuple[int, list[KV] | None]:
+    @property
+    def cached_bytes(self) -> int:
+        """Keys and values the cache refers to (some also held by running requests)."""
+        return self.cached_tokens * self.pool.slot_bytes
+
+    def lookup(self, adapter: str | None, ids: list[int]) -> tuple[int, torch.Tensor | None]:
         """Longest cached prefix of `ids` (leaving at least one token to feed): its length and
-        its keys and values as segments (views) in order, or (0, None)."""
-        if self.max_bytes <= 0 or len(ids) < 2 or adapter not in self._roots:
+        its tokens' slots, or (0, None). The caller holds the slots before the pool allocates."""
+        if not self.enabled or len(ids) < 2 or adapter not in self._roots:
             return 0, None
         path = self._walk(self._roots[adapter], ids[: len(ids) - 1])
         if not path:
@@ -97,14 +84,14 @@ class PrefixCache:
         matched = sum(n for _, n in path)
         self.hits += 1
         self.reused_tokens += matched
-        return matched, [_slice(node.kv, 0, n) for node, n in path]
+        return matched, torch.cat([node.slots[:n] for node, n in path])
 
-    def store(self, adapter: str | None, ids: list[int], columns: Columns) -> None:
-        """Remember `ids`; `columns(start, end)` gives the keys and values of its tokens in
-        [start, end), of which only what the tree does not hold yet is copied."""
-        if self.max_bytes <= 0 or not ids:
+    def store(self, adapter: str | None, ids: list[int], slots: torch.Tensor) -> None:
+        """Remember `ids`, whose keys and values are in `slots` (one per token); the cache
+        holds the slots of the tokens it did not have yet."""
+        if not self.enabled or not ids:
             return
-        root = self._roots.setdefault(adapter, _Node([], []))
+        root = self._roots.setdefault(adapter, _Node([], torch.empty(0, dtype=torch.long)))
         path = self._walk(root, ids)
         matched = sum(n for _, n in path)
         parent = root
@@ -113,35 +100,42 @@ class PrefixCache:
             parent = last if n == len(last.tokens) else self._split(last, n)
         now = next(self._clock)
         if matched < len(ids):
-            new = columns(matched, len(ids))  # views: copied once below, by `cat` or `_own`
-            grown = sum(k.nbytes + v.nbytes for k, v in new)
-            if grown > self.max_bytes:
-                return
+            new = slots[matched:].clone()  # not a view: a batch's slot table is not kept alive
+            self.pool.hold(new)
             if parent is not root and not parent.children:  # the same rollout's next step: extend it
-                parent.kv = [
-                    (torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2))
-                    for (pk, pv), (k, v) in zip(parent.kv, new, strict=True)
-                ]
+                parent.slots = torch.cat([parent.slots, new])
                 parent.tokens = parent.tokens + ids[matched:]
             else:
-                leaf = _Node(ids[matched:], _own(new), parent)
+                leaf = _Node(ids[matched:], new, parent)
                 parent.children[leaf.tokens[0]] = leaf
                 parent = leaf
-            self.cached_bytes += grown
         node: _Node | None = parent
         while node is not None:
             node.used = now
             node = node.parent
-        self._evict()
+
+    def evict(self) -> bool:
+        """Give back the least recently used leaf whose slots only the cache holds; False when
+        no leaf would free anything (everything cached is also in use, or nothing is cached)."""
+        leaves = [n for n in self._nodes() if not n.children and self.pool.only_holder(n.slots)]
+        if not leaves:
+            return False
+        leaf = min(leaves, key=lambda n: n.used)
+        assert leaf.parent is not None
+        del leaf.parent.children[leaf.tokens[0]]
+        self.pool.release(leaf.slots)
+        self.evictions += 1
+        return True
 
     def drop_adapter(self, adapter: str) -> None:
         root = self._roots.pop(adapter, None)
         if root is not None:
-            self.cached_bytes -= sum(n.nbytes for n in self._nodes(root))
+            for node in self._nodes(root):
+                self.pool.release(node.slots)
 
     def clear(self) -> None:
-        self._roots.clear()
-        self.cached_bytes = 0
+        for adapter in list(self._roots):
+            self.drop_adapter(adapter)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------- tree
     def _walk(self, root: _Node, ids: list[int]) -> list[tuple[_Node, int]]:
@@ -160,11 +154,11 @@ class PrefixCache:
 
     def _split(self, node: _Node, n: int) -> _Node:
         """Cut `node` after its first `n` tokens; returns the new upper part (the lower part
-        keeps `node`'s children). Both parts are copied out, so the old buffer is freed."""
+        keeps `node`'s children). The slots are divided, each held as before."""
         assert node.parent is not None and 0 < n < len(node.tokens)
-        upper = _Node(node.tokens[:n], _own(_slice(node.kv, 0, n)), node.parent, used=node.used)
+        upper = _Node(node.tokens[:n], node.slots[:n].clone(), node.parent, used=node.used)
         node.parent.children[upper.tokens[0]] = upper
-        node.tokens, node.kv, node.parent = node.tokens[n:], _own(_slice(node.kv, n)), upper
+        node.tokens, node.slots, node.parent = node.tokens[n:], node.slots[n:].clone(), upper
         upper.children[node.tokens[0]] = node
         return upper
 
@@ -177,15 +171,3 @@ class PrefixCache:
                 out.append(node)
             stack.extend(node.children.values())
         return out
-
-    def _evict(self) -> None:
-        """Least recently used leaves go until the bytes fit (a shared segment stays while a
-        leaf below it does)."""
-        while self.cached_bytes > self.max_bytes:
-            leaves = [n for n in self._nodes() if not n.children]
-            if not leaves:
-                return
-            leaf = min(leaves, key=lambda n: n.used)
-            assert leaf.parent is not None
-            del leaf.parent.children[leaf.tokens[0]]
-            self.cached_bytes -= leaf.nbytes

@@ -263,28 +263,24 @@ def test_a_benchmark_runs_offline_whatever_it_starts_first(monkeypatch: pytest.M
     assert seen["DO_NOT_TRACK"] == "0"
 
 
-def test_the_flat_prefix_cache_arm_copies_a_shared_prefix_per_prompt_and_finds_the_same() -> None:
-    """server_memory's `prefix-flat` arm stands for the cache before the radix tree: the same
-    lookups, a full copy per prompt."""
-    import torch
+def test_the_before_arm_serves_from_the_other_checkouts_server_modules(tmp_path) -> None:
+    """server_memory's `before` arm runs another version of the engine beside this one: its
+    prelude must make `ratchet.server`'s submodules come from that checkout."""
+    import subprocess
+    import sys
 
-    from bench._flat_prefix_cache import FlatPrefixCache
-    from ratchet.server.prefix_cache import PrefixCache
+    from bench import server_memory
 
-    def full(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        col = torch.arange(n, dtype=torch.float32)[None, None, :, None].expand(1, 3, n, 8).clone()
-        return [(col, -col)] * 2
-
-    flat, tree = FlatPrefixCache(2**20), PrefixCache(2**20)
-    prompts = [list(range(50)) + [100 + r] * 10 for r in range(3)]
-    for cache in (flat, tree):
-        for p in prompts:
-            kv = full(len(p))
-            cache.store(None, p, lambda a, b, kv=kv: [(k[:, :, a:b], v[:, :, a:b]) for k, v in kv])
-    assert flat.cached_bytes == 3 * 60 * 2 * 2 * 3 * 8 * 4
-    assert tree.cached_bytes == (50 + 3 * 10) * 2 * 2 * 3 * 8 * 4
-    for query in (prompts[1] + [7], list(range(30)) + [9, 9], [5, 5]):
-        (m_flat, seg_flat), (m_tree, seg_tree) = flat.lookup(None, query), tree.lookup(None, query)
-        assert m_flat == m_tree
-        if m_flat:
-            assert torch.equal(seg_flat[0][0][0], torch.cat([s[0][0] for s in seg_tree], dim=2))
+    (tmp_path / "server").mkdir()
+    (tmp_path / "server" / "engine.py").write_text("WHERE = 'before'\n")
+    prelude = server_memory.PRELUDES["before"].format(before=str(tmp_path / "server"))
+    out = subprocess.run(
+        [sys.executable, "-c", f"{prelude}; import ratchet.server.engine as e; print(e.WHERE, e.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == ["before", str(tmp_path / "server" / "engine.py")]
+    opts = server_memory.Options(configs=["before", "now"], before_dir=str(tmp_path / "missing"))
+    with pytest.raises(SystemExit, match="--before-dir"):
+        server_memory.run(opts)

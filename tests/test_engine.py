@@ -92,8 +92,12 @@ def test_rollouts_that_share_a_system_prompt_store_it_once_and_answer_as_uncache
         per_token = cache.cached_bytes // cache.cached_tokens
         assert cache.cached_tokens == shared + sum(len(p) - shared for p in rollouts)  # not sum(len(p))
         assert cache.cached_bytes == per_token * cache.cached_tokens
-        m, segments = cache.lookup(None, rollouts[2] + [1])
-        assert m == len(rollouts[2]) and len(segments) == 2
+        m, slots = cache.lookup(None, rollouts[2] + [1])
+        assert m == len(rollouts[2]) and slots.numel() == m
+        # the shared part is the same slots for every rollout: its keys and values exist once
+        _, first = cache.lookup(None, rollouts[0] + [1])
+        assert torch.equal(first[:shared], slots[:shared])
+        assert not set(first[shared:].tolist()) & set(slots.tolist())
         # a rollout's next turn extends its own segment and is answered as without a cache
         more = rollouts[1] + tok.encode(" look", add_special_tokens=False)
         assert (
@@ -371,3 +375,42 @@ def test_an_idle_engine_gives_a_finished_batchs_memory_back(engines):
     assert idle < after_batch - 40, (after_batch, idle)  # 4 x 400 tokens: ~200 MB measured
     again = engine.generate(GenRequest(reqs[0].prompt_ids, max_tokens=2, temperature=0))
     assert again.token_ids == reqs[0].future.result().token_ids
+
+
+def test_the_pool_holds_only_what_the_cache_stores_once_requests_end_or_fail(base_model_dir):
+    """Slots are counted by reference: after any mix of requests, and after a prefill or a
+    decode step that fails, every slot in use is one the prefix cache stores (none leaked
+    by a finished, dropped or failed row), and the engine serves on."""
+    from ratchet.server.engine import Engine, GenRequest
+
+    engine = Engine(base_model_dir)
+    try:
+        tok = engine.tokenizer
+        prompts = [*_conversation(tok, 4), _user_prompt(tok, "Name three fruits."), _user_prompt(tok, "Hi.")]
+        futures = [engine.submit(GenRequest(prompt_ids=p, max_tokens=6, temperature=0)) for p in prompts]
+        assert all(f.result().token_ids for f in futures)
+
+        def leaks() -> int:
+            with engine._lock:  # a reply is sent inside the worker's step; its slots go back at its end
+                return engine.pool.in_use() - engine.prefix_cache.cached_tokens
+
+        assert engine.prefix_cache.cached_tokens > 0 and leaks() == 0
+        real = engine.model.forward
+        for failing_call in (1, 2):  # the prefill fails; the prefill passes and a decode step fails
+
+            def flaky(*args, calls=[], failing_call=failing_call, **kwargs):  # noqa: B006 - counts this one's calls
+                calls.append(1)
+                if len(calls) == failing_call:
+                    raise RuntimeError("injected")
+                return real(*args, **kwargs)
+
+            engine.model.forward = flaky
+            request = GenRequest(prompt_ids=_user_prompt(tok, f"Count to {failing_call}."), max_tokens=6)
+            with pytest.raises(RuntimeError, match="injected"):
+                engine.generate(request)
+            engine.model.forward = real
+            assert leaks() == 0
+        assert engine.generate(GenRequest(prompt_ids=prompts[0], max_tokens=4, temperature=0)).token_ids
+        assert leaks() == 0
+    finally:
+        engine.close()
