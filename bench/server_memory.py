@@ -6,7 +6,9 @@ and the prefix cache reuses its keys and values. This plays `--sessions` such ga
 `--turns` turns each, 8 at a time, against a fresh `python -m ratchet.server` per
 configuration, samples the server's resident memory (VmRSS) twice a second (`peak_mb`),
 reads the kernel's high-water mark at the end (`hwm_mb`: no spike between samples missed),
-and reads it once more after `--idle` seconds without requests:
+and reads it once more after `--idle` seconds without requests. Replies are free text of up to
+12 tokens (decode-heavy), or with `--constrained` one of six moves as JSON, as ratchet's
+actor asks (one prefill and almost no decode: the grammar forces the rest):
 
 * `keep`: freed memory stays mapped (`--keep-freed`, glibc's default);
 * `release`: the server as `ratchet` starts it: after half a second idle, freed memory goes
@@ -81,6 +83,13 @@ PRELUDES = {  # run in the server process before `ratchet.server`: arms the serv
     # `ratchet.server`'s submodules are imported from the other checkout's `server/`
     "before": "import ratchet.server as s; s.__path__[:] = [{before!r}]",
 }
+ACT = {  # a constrained reply: the shape of ratchet's actor's step (`--constrained`)
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["move north", "move south", "move east", "move west", "take coin", "look"]}
+    },
+    "required": ["action"],
+}
 WORDS = (
     "you are in the kitchen pantry corridor a the to north south east west door open coin "
     "fridge table move take look"
@@ -97,6 +106,7 @@ class Options:
     idle: float = option(3.0, help="seconds without requests before the last reading")
     mmap_mb: float = option(1.0, help="heap-mmap: glibc's fixed mmap threshold, MiB")
     before_dir: str = option("", help="before: a checkout of ratchet to take the server's modules from")
+    constrained: bool = option(False, help="replies constrained to an action, as ratchet's actor asks")
     models_dir: Path = option(ROOT / ".ratchet" / "test-models")
     port: int = option(8917)
     out: str = option("server_memory_chunked", help="result name under bench/results/")
@@ -146,6 +156,9 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
                 seen = " ".join(rng.choice(WORDS) for _ in range(80))
                 messages.append({"role": "user", "content": f"Turn {t} of game {i}. {seen}"})
                 body = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0}
+                if opts.constrained:  # one of the moves, as a JSON object: mostly prefill, little decode
+                    schema = {"name": "act", "schema": ACT}
+                    body["response_format"] = {"type": "json_schema", "json_schema": schema}
                 reply = httpx.post(f"{url}/chat/completions", json=body, timeout=1800)
                 reply.raise_for_status()
                 messages.append(
