@@ -402,6 +402,7 @@ class Engine:
         new = [len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)]
         groups = prefill_groups(new) if self.group_prefill else [list(range(len(rows)))]
         batch: _Batch | None = None
+        done: _Batch | None = None
         started: set[int] = set()  # rows whose slots a prefill took over (and gives back if it fails)
         try:
             with self._adapter(adapter):
@@ -411,8 +412,11 @@ class Engine:
                     done = _Batch(adapter, [rows[i] for i in group], *part)
                     with self._clock("kv_seconds"):
                         batch = done if batch is None else _merge(self.pool, batch, done)
+                    done = None  # its rows are the batch's now
         except BaseException:
             self._drop(batch)
+            if done is not None:  # prefilled, then its merge failed
+                self._drop(done)
             for i, (_, slots) in enumerate(hits):
                 if slots is not None and i not in started:
                     self.pool.release(slots)
@@ -691,16 +695,12 @@ def _merge(pool: KVPool, a: _Batch, b: _Batch) -> _Batch:
     parts = [(x, [i for i, row in enumerate(x.rows) if row.finish is None]) for x in (a, b)]
     firsts = [_first_used(x.attn[rows]) for x, rows in parts]
     width = max(x.attn.shape[1] - first for (x, _), first in zip(parts, firsts, strict=True))
-    for (x, rows), first in zip(parts, firsts, strict=True):
-        gone = [i for i in range(len(x.rows)) if i not in rows]
-        pool.release(x.slots[gone])
-        pool.release(x.slots[rows][:, :first])  # unattended columns hold no slot; never leak one
 
     def pick(t: torch.Tensor, rows: list[int], first: int, fill: int) -> torch.Tensor:  # [rows, cols]
         t = t[rows][:, first:]
         return F.pad(t, (width - t.shape[1], 0), value=fill)
 
-    return _Batch(
+    merged = _Batch(
         a.adapter,
         [x.rows[i] for x, rows in parts for i in rows],
         torch.cat([pick(x.slots, rows, f, PAD) for (x, rows), f in zip(parts, firsts, strict=True)]),
@@ -708,6 +708,12 @@ def _merge(pool: KVPool, a: _Batch, b: _Batch) -> _Batch:
         torch.cat([x.pos[rows] for x, rows in parts]),
         torch.cat([x.logits[rows] for x, rows in parts]),
     )
+    # only once the merged batch exists: a merge that fails has given nothing back
+    for (x, rows), first in zip(parts, firsts, strict=True):
+        gone = [i for i in range(len(x.rows)) if i not in rows]
+        pool.release(x.slots[gone])
+        pool.release(x.slots[rows][:, :first])  # unattended columns hold no slot; never leak one
+    return merged
 
 
 def _first_used(attn: torch.Tensor) -> int:

@@ -378,9 +378,11 @@ def test_an_idle_engine_gives_a_finished_batchs_memory_back(engines):
 
 
 def test_the_pool_holds_only_what_the_cache_stores_once_requests_end_or_fail(base_model_dir):
-    """Slots are counted by reference: after any mix of requests, and after a prefill or a
-    decode step that fails, every slot in use is one the prefix cache stores (none leaked
-    by a finished, dropped or failed row), and the engine serves on."""
+    """Slots are counted by reference: after any mix of requests, and after a prefill, a
+    decode step or a merge that fails, every hold on a slot is the prefix cache's, once per
+    token it stores (none left by a finished, dropped or failed row), and the engine serves on."""
+    import ratchet.server.engine as engine_module
+    from ratchet.server import kv_pool
     from ratchet.server.engine import Engine, GenRequest
 
     engine = Engine(base_model_dir)
@@ -392,7 +394,8 @@ def test_the_pool_holds_only_what_the_cache_stores_once_requests_end_or_fail(bas
 
         def leaks() -> int:
             with engine._lock:  # a reply is sent inside the worker's step; its slots go back at its end
-                return engine.pool.in_use() - engine.prefix_cache.cached_tokens
+                held = int(engine.pool.refs[kv_pool.RESERVED :].sum())  # holds, not just slots held
+                return held - engine.prefix_cache.cached_tokens
 
         assert engine.prefix_cache.cached_tokens > 0 and leaks() == 0
         real = engine.model.forward
@@ -410,6 +413,16 @@ def test_the_pool_holds_only_what_the_cache_stores_once_requests_end_or_fail(bas
                 engine.generate(request)
             engine.model.forward = real
             assert leaks() == 0
+        # a merge that fails (rows of two prefill groups, or new rows joining a running batch)
+        merge = engine_module._merge
+        engine_module._merge = lambda *a: (_ for _ in ()).throw(RuntimeError("injected merge"))
+        try:
+            short, long = _user_prompt(tok, "Hi there."), _user_prompt(tok, "Tell me a story. " * 30)
+            pair = [engine.submit(GenRequest(prompt_ids=p, max_tokens=6)) for p in (short, long)]
+            assert any(isinstance(f.exception(), RuntimeError) for f in pair)
+        finally:
+            engine_module._merge = merge
+        assert leaks() == 0
         assert engine.generate(GenRequest(prompt_ids=prompts[0], max_tokens=4, temperature=0)).token_ids
         assert leaks() == 0
     finally:
