@@ -85,6 +85,15 @@ def test_health_and_models(embedded_server):
     assert check_endpoint(embedded_server) == [MODEL]
 
 
+def test_health_says_how_much_of_the_key_value_pool_is_held(embedded_server):
+    """After a request its prompt stays cached: the pool says so, within its size."""
+    kitchen = [{"role": "user", "content": "Describe the kitchen. " * 20}]
+    chat(embedded_server, temperature=0, max_tokens=2, messages=kitchen)
+    health = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()
+    assert 500 <= health["kv_pool_mb"] and 1 <= health["kv_in_use_mb"] <= health["kv_pool_mb"]
+    assert health["prefix_cache_evictions"] >= 0
+
+
 @pytest.mark.integration
 def test_the_launcher_starts_the_configured_number_format(embedded_server, base_model_dir, tmp_path):
     """`model.dtype` reaches the server process: a second server in the format the session's
