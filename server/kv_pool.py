@@ -47,9 +47,10 @@ class KVPool:
     def __init__(self, layers: int, heads: int, dim: int, dtype: torch.dtype, capacity: int) -> None:
         self.layers, self.heads, self.dim, self.dtype = layers, heads, dim, dtype
         capacity = max(capacity, RESERVED + 1)
-        # empty, not zeros: pages nobody wrote are not resident; only the reserved slots are set
-        # a slot's heads side by side: a gather copies one run of heads x dim per token (1.5x
-        # faster for an 8-row decode in fp32 than a run per head, [heads, slots, dim])
+        # Empty, not zeros: pages nobody wrote are not resident; only the reserved slots are set.
+        # Slot-major ([slots, heads, dim]): a gather copies one run of heads x dim per token; an
+        # 8-row decode's attention took 3.1 ms a layer so in fp32, 4.7 ms heads-major
+        # (bench/RESULTS.md, "one pool of keys and values").
         self.keys = [torch.empty((capacity, heads, dim), dtype=dtype) for _ in range(layers)]
         self.values = [torch.empty((capacity, heads, dim), dtype=dtype) for _ in range(layers)]
         for t in (*self.keys, *self.values):
