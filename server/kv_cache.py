@@ -31,9 +31,6 @@ class PagedLayer(DynamicLayer):
         self.written = cache.past  # columns of the slot table this layer has keys and values for
         self.is_initialized = True
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,9 +44,6 @@ class PagedLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.written
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("select rows in the engine's slot table, not in the cache")
 
 
 class PagedCache(DynamicCache):

@@ -127,7 +127,7 @@ class PrefixCache:
         self.evictions += 1
         return True
 
-    def drop_adapter(self, adapter: str) -> None:
+    def drop_adapter(self, adapter: str | None) -> None:
         root = self._roots.pop(adapter, None)
         if root is not None:
             for node in self._nodes(root):
@@ -135,7 +135,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         for adapter in list(self._roots):
-            self.drop_adapter(adapter)  # type: ignore[arg-type]
+            self.drop_adapter(adapter)
 
     # ------------------------------------------------------------------------------- tree
     def _walk(self, root: _Node, ids: list[int]) -> list[tuple[_Node, int]]:
