@@ -36,19 +36,17 @@ if sys.argv[4]:
     s.__path__[:] = [sys.argv[4]]
 import torch
 torch.set_num_threads(2)
+from bench._agent_load import observation, system_prompt
 from ratchet.server.engine import Engine, GenRequest
 from ratchet.server.memory import resident_mb
 engine = Engine(Path(sys.argv[1]), dtype=getattr(torch, sys.argv[2]))
 tok = engine.tokenizer
-WORDS = ("you are in the kitchen pantry corridor a the to north south east west door open coin "
-         "fridge table move take look").split()
-system = "You play a text game. " + " ".join(random.Random(0).choice(WORDS) for _ in range(500))
+system = system_prompt()
 def game(i):
     rng = random.Random(i)
     messages = [{"role": "system", "content": system}]
     for t in range(12):
-        seen = " ".join(rng.choice(WORDS) for _ in range(80))
-        messages.append({"role": "user", "content": f"Turn {t} of game {i}. {seen}"})
+        messages.append({"role": "user", "content": observation(rng, t, i)})
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         reply = engine.generate(GenRequest(prompt_ids=list(ids), max_tokens=12, temperature=0))
         messages.append({"role": "assistant", "content": reply.text or "look"})

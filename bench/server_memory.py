@@ -55,6 +55,7 @@ from typing import Any
 
 import httpx
 
+from bench._agent_load import observation, system_prompt
 from bench.harness import ROOT, option, write_result
 from ratchet.server.memory import resident_mb
 
@@ -90,10 +91,6 @@ ACT = {  # a constrained reply: the shape of ratchet's actor's step (`--constrai
     },
     "required": ["action"],
 }
-WORDS = (
-    "you are in the kitchen pantry corridor a the to north south east west door open coin "
-    "fridge table move take look"
-).split()
 
 
 @dataclass
@@ -141,7 +138,7 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
             time.sleep(1)
         loaded = rss_mb(proc.pid)
         model = httpx.get(f"{url}/models", timeout=5).json()["data"][0]["id"]
-        system = "You play a text game. " + " ".join(random.Random(0).choice(WORDS) for _ in range(500))
+        system = system_prompt()
         peak, done = [loaded], threading.Event()
 
         def watch() -> None:
@@ -153,8 +150,7 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
             rng = random.Random(i)
             messages = [{"role": "system", "content": system}]
             for t in range(opts.turns):
-                seen = " ".join(rng.choice(WORDS) for _ in range(80))
-                messages.append({"role": "user", "content": f"Turn {t} of game {i}. {seen}"})
+                messages.append({"role": "user", "content": observation(rng, t, i)})
                 body = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0}
                 if opts.constrained:  # one of the moves, as a JSON object: mostly prefill, little decode
                     schema = {"name": "act", "schema": ACT}
