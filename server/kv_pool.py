@@ -79,14 +79,19 @@ class KVPool:
         has nothing more), then the pool grows."""
         if n <= 0:
             return torch.empty(0, dtype=torch.long)
-        while int((self.refs == 0).sum()) < n and evict():
-            pass
-        short = n - int((self.refs == 0).sum())
-        if short > 0:
-            self._grow(max(short, self.capacity // 8))
-        slots = torch.nonzero(self.refs == 0).flatten()[:n]
+        free = self._free()
+        while free.numel() < n and evict():
+            free = self._free()
+        if free.numel() < n:
+            self._grow(max(n - free.numel(), self.capacity // 8))
+            free = self._free()
+        slots = free[:n]
         self.refs[slots] = 1
         return slots
+
+    def _free(self) -> torch.Tensor:
+        """Every slot nobody holds, lowest first."""
+        return torch.nonzero(self.refs == 0).flatten()
 
     def hold(self, slots: torch.Tensor) -> None:
         """One more holder for each of `slots` (reserved slots and repeats are fine)."""
