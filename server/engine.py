@@ -49,7 +49,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +62,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ratchet.server import attention, prefix_cache
 from ratchet.server.kv_cache import PagedCache
-from ratchet.server.kv_pool import PAD, SCRATCH, KVPool, slot_bytes
+from ratchet.server.kv_pool import PAD, RESERVED, SCRATCH, KVPool, slot_bytes
 from ratchet.server.memory import release_free_memory
 from ratchet.server.prefix_cache import PrefixCache
 from ratchet.server.schema_bounds import bound_patterns
@@ -185,6 +185,7 @@ class Engine:
         self._queue: queue.Queue[GenRequest] = queue.Queue()
         self._lock = threading.Lock()  # held while the model runs or changes
         self._stopped = threading.Event()
+        self._stop_reason = "engine is closed"
         self._worker = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._worker.start()
 
@@ -196,13 +197,15 @@ class Engine:
     # ----------------------------------------------------------------------------- public
     def submit(self, req: GenRequest) -> Future[GenResult]:
         if self._stopped.is_set():
-            raise RuntimeError("engine is closed")
+            raise RuntimeError(self._stop_reason)
         if req.adapter is not None and req.adapter not in self.adapters:
             raise AdapterError(f"adapter {req.adapter!r} is not loaded")
         with self._count_lock:
             self.stats["in_flight"] += 1
         req.future.add_done_callback(self._answered)
         self._queue.put(req)
+        if self._stopped.is_set():  # it stopped as this came in: the worker may not see it
+            _refuse(req, RuntimeError(self._stop_reason))
         return req.future
 
     def _answered(self, _: Future[GenResult]) -> None:
@@ -270,12 +273,29 @@ class Engine:
     def _loop(self) -> None:
         """Continuous batching: new requests join the running batch between decode steps,
         and each row is answered the moment it finishes."""
-        pending: deque[GenRequest] = deque()
-        batch: _Batch | None = None
+        work = _Work()
+        try:
+            self._serve(work)
+        except BaseException as exc:  # a bug in the loop itself: nobody may wait forever
+            log.exception("the engine's worker stopped")
+            self._stop_reason = f"the model server's engine stopped ({type(exc).__name__}: {exc}); restart it"
+            self._stopped.set()
+            stopped = RuntimeError(self._stop_reason)
+            self._fail(work.batch, work.pending, stopped)
+            while True:
+                try:
+                    req = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if req is not None:
+                    _refuse(req, stopped)
+
+    def _serve(self, work: _Work) -> None:
+        pending = work.pending
         worked = False  # since memory was last given back
         while True:
             try:
-                if batch is None and not pending:
+                if work.batch is None and not pending:
                     item = self._next_request(worked)
                     worked = True
                     if item is None:
@@ -285,21 +305,20 @@ class Engine:
                 while True:
                     item = self._queue.get_nowait()
                     if item is None:
-                        self._fail(batch, pending, RuntimeError("engine closed"))
+                        self._fail(work.batch, pending, RuntimeError("engine closed"))
                         return
                     pending.append(item)
             except queue.Empty:
                 pass
             with self._lock, self._clock("busy_seconds"):
                 try:
-                    batch = self._admit(batch, pending)
-                    if batch is not None:
-                        batch = self._step(batch)
+                    work.batch = self._admit(work.batch, pending)
+                    if work.batch is not None:
+                        work.batch = self._step(work.batch)
                 except Exception as exc:  # noqa: BLE001 - report to every caller, keep serving
                     log.exception("generation failed")
-                    self._fail(batch, deque(), exc)
-                    self._drop(batch)
-                    batch = None
+                    self._fail_batch(work.batch, exc)
+                    work.batch = None
 
     def _next_request(self, worked: bool) -> GenRequest | None:
         """Wait for a request; after work, a pause of `release_idle_s` first gives the freed
@@ -318,6 +337,30 @@ class Engine:
         for req in [*(row.req for row in (batch.rows if batch else [])), *pending]:
             if not req.future.done():
                 req.future.set_exception(exc)
+
+    def _fail_batch(self, batch: _Batch | None, exc: BaseException) -> None:
+        """A batch that failed: its rows get `exc` and its slots go back."""
+        self._fail(batch, deque(), exc)
+        try:
+            self._drop(batch)
+        except Exception:  # noqa: BLE001 - a bookkeeping bug must not stop the server
+            log.exception("a failed batch could not give its key-value slots back")
+        self._recount_slots(None)
+
+    def _recount_slots(self, running: _Batch | None) -> None:
+        """After a failure, every hold on a slot must be the running batch's or the prefix
+        cache's (one per token it stores). If a cleanup failed on the way, they are not, and
+        cannot be trusted: the prefix cache starts empty and only `running` holds slots."""
+        want = self.prefix_cache.cached_tokens
+        if running is not None:
+            want += int((running.slots >= RESERVED).sum())
+        if int(self.pool.refs[RESERVED:].sum()) == want:
+            return
+        log.error("the key-value slots' counts were wrong after a failure; the prefix cache starts over")
+        self.prefix_cache.forget()
+        self.pool.reset()
+        if running is not None:
+            self.pool.hold(running.slots)
 
     def _drop(self, batch: _Batch | None) -> None:
         """A batch that ends gives its rows' slots back (the prefix cache may still hold them)."""
@@ -349,6 +392,7 @@ class Engine:
             log.exception("prefill failed")
             for req in take:
                 req.future.set_exception(exc)
+            self._recount_slots(batch)
             return batch
         self.stats["requests"] += len(take)
         if batch is None:
@@ -357,8 +401,7 @@ class Engine:
             with self._clock("kv_seconds"):
                 return _merge(self.pool, batch, new)
         except Exception as exc:  # the loop fails `batch`'s rows; these are not in it yet
-            self._fail(new, deque(), exc)
-            self._drop(new)
+            self._fail_batch(new, exc)
             raise
 
     @contextmanager
@@ -687,6 +730,22 @@ class _Batch:
     attn: torch.Tensor  # [rows, width] 1 where a column belongs to the row
     pos: torch.Tensor  # [rows] position of each row's next token
     logits: torch.Tensor  # [rows, vocab] for each row's next token
+
+
+def _refuse(req: GenRequest, exc: BaseException) -> None:
+    """Answer `req` with `exc` unless it is answered already (two threads may try)."""
+    try:
+        req.future.set_exception(exc)
+    except InvalidStateError:
+        pass
+
+
+@dataclass
+class _Work:
+    """The worker's requests in hand: waiting to be admitted, and the running batch."""
+
+    pending: deque[GenRequest] = field(default_factory=deque)
+    batch: _Batch | None = None
 
 
 def _merge(pool: KVPool, a: _Batch, b: _Batch) -> _Batch:

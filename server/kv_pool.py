@@ -106,6 +106,10 @@ class KVPool:
             self.refs.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int32))
             raise RuntimeError("a key-value slot was released more often than it was held")
 
+    def reset(self) -> None:
+        """Every slot free (the reserved ones kept): after a failure left the counts wrong."""
+        self.refs[RESERVED:] = 0
+
     def only_holder(self, slots: torch.Tensor) -> int:
         """How many of `slots` would be freed by releasing them once (held by one holder)."""
         slots = _owned(slots)
@@ -129,14 +133,19 @@ class KVPool:
         )
 
     def _grow(self, extra: int) -> None:
-        """More capacity, a layer at a time (the old layer freed before the next is copied)."""
+        """More capacity, a layer at a time (the old layer freed before the next is copied).
+
+        A prefill grows the pool under `torch.inference_mode`, and a tensor made there can
+        never again be changed outside it: the next merge's `release` would fail, and with
+        it the engine. So the new tensors are made with inference mode off, as at start."""
         old = self.capacity
-        for tensors in (self.keys, self.values):
-            for layer, t in enumerate(tensors):
-                bigger = t.new_empty((old + extra, self.heads, self.dim))
-                bigger[:old] = t
-                tensors[layer] = bigger
-        self.refs = torch.cat([self.refs, torch.zeros(extra, dtype=torch.int32)])
+        with torch.inference_mode(False):
+            for tensors in (self.keys, self.values):
+                for layer, t in enumerate(tensors):
+                    bigger = t.new_empty((old + extra, self.heads, self.dim))
+                    bigger[:old] = t
+                    tensors[layer] = bigger
+            self.refs = torch.cat([self.refs, torch.zeros(extra, dtype=torch.int32)])
         self.grown += 1
 
 

@@ -137,6 +137,10 @@ class PrefixCache:
         for adapter in list(self._roots):
             self.drop_adapter(adapter)
 
+    def forget(self) -> None:
+        """Store nothing, releasing nothing: for when the pool is reset under the cache."""
+        self._roots.clear()
+
     # ------------------------------------------------------------------------------- tree
     def _walk(self, root: _Node, ids: list[int]) -> list[tuple[_Node, int]]:
         """The nodes `ids` runs through from `root`, each with how many of its tokens match

@@ -427,3 +427,94 @@ def test_the_pool_holds_only_what_the_cache_stores_once_requests_end_or_fail(bas
         assert leaks() == 0
     finally:
         engine.close()
+
+
+def test_a_pool_grown_during_a_prefill_serves_on_and_answers_as_uncached(base_model_dir, engines):
+    """The pool grows inside the prefill's inference mode; merges and releases run outside it.
+    A pool grown there once made the next merge fail ("inplace update to inference tensor"),
+    and the cleanup after it stopped the engine's worker: every later request hung."""
+    import time
+
+    from ratchet.server import kv_pool
+    from ratchet.server.engine import Engine, GenRequest
+
+    _, plain = engines
+    engine = Engine(base_model_dir, prefix_cache_bytes=1)  # room for no token: every prefill grows it
+    try:
+        tok = engine.tokenizer
+        long_ids = _user_prompt(tok, "Write a long story about a lighthouse.")
+        steps = engine.stats["forward_steps"]
+        first = engine.submit(GenRequest(prompt_ids=long_ids, max_tokens=40, temperature=0, ignore_eos=True))
+        while engine.stats["forward_steps"] < steps + 3:
+            time.sleep(0.01)
+        assert engine.pool.grown >= 1 and not first.done()
+        joined = [*_conversation(tok, 3), _user_prompt(tok, "Say hello to Ada.")]  # merged mid-flight
+        futures = [engine.submit(GenRequest(prompt_ids=p, max_tokens=6, temperature=0)) for p in joined]
+        for p, f in zip(joined, futures, strict=True):
+            want = plain.generate(GenRequest(prompt_ids=p, max_tokens=6, temperature=0))
+            assert f.result(timeout=300).token_ids == want.token_ids
+        want = plain.generate(GenRequest(prompt_ids=long_ids, max_tokens=40, temperature=0, ignore_eos=True))
+        assert first.result(timeout=300).token_ids == want.token_ids
+        with engine._lock:
+            held = int(engine.pool.refs[kv_pool.RESERVED :].sum())
+            assert held == engine.prefix_cache.cached_tokens  # the finished rows gave theirs back
+    finally:
+        engine.close()
+
+
+def test_a_failure_in_the_cleanup_of_a_failure_resets_the_pool_and_serves_on(base_model_dir):
+    """If a failed batch cannot give its slots back either, the counts are not trusted: every
+    slot is freed, the prefix cache starts empty, and the next request is served."""
+    from ratchet.server import kv_pool
+    from ratchet.server.engine import Engine, GenRequest
+
+    engine = Engine(base_model_dir)
+    try:
+        tok = engine.tokenizer
+        hello = _user_prompt(tok, "Say hello to Ada.")
+        want = engine.generate(GenRequest(prompt_ids=hello, max_tokens=4, temperature=0)).token_ids
+        assert engine.prefix_cache.cached_tokens > 0
+        real_forward, real_release = engine.model.forward, engine.pool.release
+
+        def failing(*args, **kwargs):
+            raise RuntimeError("injected")
+
+        engine.model.forward, engine.pool.release = failing, failing
+        try:
+            with pytest.raises(RuntimeError, match="injected"):
+                engine.generate(GenRequest(prompt_ids=_user_prompt(tok, "Count to 3."), max_tokens=4))
+        finally:
+            engine.model.forward, engine.pool.release = real_forward, real_release
+        with engine._lock:
+            assert engine.prefix_cache.cached_tokens == 0 and engine.pool.in_use() == 0
+            assert int(engine.pool.refs[: kv_pool.RESERVED].min()) > 0  # the reserved slots stay pinned
+        assert engine.generate(GenRequest(prompt_ids=hello, max_tokens=4, temperature=0)).token_ids == want
+    finally:
+        engine.close()
+
+
+def test_a_worker_that_stops_answers_every_waiting_request_with_why(base_model_dir):
+    """A bug in the worker's loop itself stops it: what waits is answered with the reason,
+    and later requests are refused at once, not left hanging."""
+    from ratchet.server.engine import Engine, GenRequest
+
+    class LoopBug(BaseException):
+        pass
+
+    engine = Engine(base_model_dir)
+    try:
+        tok = engine.tokenizer
+
+        def broken(*args, **kwargs):
+            raise LoopBug("injected")
+
+        engine._admit = broken
+        waiting = engine.submit(GenRequest(prompt_ids=_user_prompt(tok, "Hi."), max_tokens=4))
+        with pytest.raises(RuntimeError, match="engine stopped .*LoopBug: injected.*restart"):
+            waiting.result(timeout=60)
+        engine._worker.join(timeout=60)
+        assert not engine._worker.is_alive()
+        with pytest.raises(RuntimeError, match="engine stopped"):
+            engine.submit(GenRequest(prompt_ids=_user_prompt(tok, "Hi again."), max_tokens=4))
+    finally:
+        engine.close()

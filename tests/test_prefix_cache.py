@@ -132,3 +132,21 @@ def test_the_pool_keeps_keys_and_values_through_growth_and_refuses_a_double_rele
     with pytest.raises(RuntimeError, match="released more often than it was held"):
         p.release(slots)
     assert int(p.refs[slots].min()) == 0  # the refused release changed nothing
+
+
+def test_a_pool_grown_in_inference_mode_is_still_counted_outside_it() -> None:
+    """The engine's prefill grows the pool under `torch.inference_mode`; its merges hold and
+    release slots outside it, which a tensor made in inference mode refuses."""
+    p = pool(capacity=4)
+    with torch.inference_mode():
+        slots = p.allocate(10)
+        p.write(0, slots.view(1, 10), torch.ones(1, 3, 10, 8), torch.ones(1, 3, 10, 8))
+    assert p.grown == 1
+    p.hold(slots)
+    p.release(slots)
+    p.release(slots)
+    assert p.in_use() == 0
+    p.allocate(40)  # and it grows again outside
+    assert p.in_use() == 40 and p.grown == 2
+    p.reset()
+    assert p.in_use() == 0 and int(p.refs[:2].min()) > 0
