@@ -84,8 +84,8 @@ def _autolog_is_turned_off_again() -> Any:
 
 @pytest.fixture(autouse=True)
 def _no_real_model_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    if request.node.get_closest_marker("integration"):
-        return
+    if request.node.get_closest_marker("integration") or request.node.get_closest_marker("slow"):
+        return  # a slow test is an end-to-end run on the real services
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise RuntimeError("unit test reached the real model server: mark it @pytest.mark.integration")

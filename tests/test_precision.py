@@ -104,6 +104,7 @@ def test_a_bf16_engine_serves_constrained_replies_and_lora_adapters(base_model_d
         engine.close()
 
 
+@pytest.mark.integration
 def test_the_loop_logs_the_format_the_server_runs_not_the_one_the_settings_name(embedded_server, tmp_path):
     """A caller may hand the loop a server it started in another format (bench/results/bf16_heldout.json
     does): the generation's `model_dtype` must be the server's word, not the settings'."""
