@@ -24,8 +24,14 @@ READY_TIMEOUT_S = 300.0  # first start converts the GGUF (~20 s quiet, more on a
 def check_port_free(
     host: str, port: int, fix: str = "set model.port to another port (0 = any free port)"
 ) -> None:
-    """Refuse a taken port in one line; `fix` names the setting or flag that moves this server."""
+    """Refuse a taken port in one line; `fix` names the setting or flag that moves this server.
+
+    A port whose last server stopped less than a minute ago still has connections in
+    TIME_WAIT: uvicorn binds it anyway (SO_REUSEADDR), so this check does too, and refuses
+    only a port something listens on."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if os.name != "nt":  # on Windows the option lets a second listener take the port
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

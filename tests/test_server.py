@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from ratchet.errors import EndpointError, PortInUseError
+from ratchet.server.__main__ import UNUSED_IMPORTS
 from ratchet.server.launcher import EmbeddedServer, check_endpoint
 from ratchet.toolcalls import to_chatml_messages, tool_call_schema
 
@@ -85,6 +86,7 @@ def test_health_and_models(embedded_server):
     assert check_endpoint(embedded_server) == [MODEL]
 
 
+@pytest.mark.integration
 def test_health_says_how_much_of_the_key_value_pool_is_held(embedded_server):
     """After a request its prompt stays cached: the pool says so, within its size."""
     kitchen = [{"role": "user", "content": "Describe the kitchen. " * 20}]
@@ -92,6 +94,31 @@ def test_health_says_how_much_of_the_key_value_pool_is_held(embedded_server):
     health = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()
     assert 500 <= health["kv_pool_mb"] and 1 <= health["kv_in_use_mb"] <= health["kv_pool_mb"]
     assert health["prefix_cache_evictions"] >= 0
+
+
+def _server_pid(url: str) -> int:
+    """The pid of the `python -m ratchet.server` process listening on `url`'s port."""
+    port = str(httpx.URL(url).port)
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        if b"ratchet.server" in argv and port.encode() in argv:
+            return int(proc.name)
+    raise AssertionError(f"no ratchet.server process serves port {port}")
+
+
+@pytest.mark.integration
+def test_the_server_maps_no_library_of_a_package_it_never_calls(embedded_server):
+    """triton and scipy are installed (xgrammar and others ask for them) but the CPU server
+    never calls them; if anything loads them again, their libraries show in its memory map,
+    ~140 MB of resident memory."""
+    chat(embedded_server, temperature=0, max_tokens=2)  # a forward and a reply have run
+    maps = Path(f"/proc/{_server_pid(embedded_server)}/maps").read_text()
+    assert "/site-packages/torch/" in maps  # the reading is of the right process
+    for name in UNUSED_IMPORTS:
+        assert f"/site-packages/{name}/" not in maps, name
 
 
 @pytest.mark.integration
@@ -257,6 +284,30 @@ def test_port_in_use_is_refused_before_starting(tmp_path):
         port = s.getsockname()[1]
         with pytest.raises(PortInUseError, match=f"port {port}"):
             EmbeddedServer(Path(tmp_path), Path(tmp_path), port=port).start()
+
+
+def test_a_port_whose_last_server_just_stopped_is_free(tmp_path):
+    """Connections the server closed stay in TIME_WAIT for a minute; uvicorn binds the port
+    anyway, so restarting on a fixed port right after a run must not be refused."""
+    from ratchet.server.launcher import check_port_free
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = listener.accept()
+        conn.close()  # the server's side closes first: it is the side left in TIME_WAIT
+        client.recv(1)
+        client.close()
+    check_port_free("127.0.0.1", port)  # no listener, only a closed connection's TIME_WAIT
+    with socket.socket() as again:  # and a listener on it is still refused
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+        again.listen()
+        with pytest.raises(PortInUseError, match=f"port {port}"):
+            check_port_free("127.0.0.1", port)
 
 
 @pytest.mark.integration
