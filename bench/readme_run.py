@@ -7,7 +7,9 @@ dir, its output going to a file (not a terminal: the plain progress lines), and 
 * the wall time from process start to exit, and the exit code;
 * the last generation's held-out result beside random's on the same tasks, the paired sign
   test's p-value, and whether it is above random (p ≤ 0.05), from the evolve journal;
-* every generation's row (what was promoted, rejected, how long), and the table it printed.
+* every generation's row (what was promoted, rejected, how long), and the table it printed;
+* the embedded model server's peak resident memory (`server_peak_mb`, the kernel's
+  high-water mark of the `ratchet.server` process the run started, read every 2 s).
 
 dtypes alternate within each round, so both see the same machine. The data dir's models/
 is the checkout's converted model, linked (converting it again is ~20 s of every run).
@@ -23,10 +25,13 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench.harness import ROOT, clean_env, evolve_outcome, fresh_data_dir, option, write_result
+from ratchet.server.memory import resident_mb
 
 
 @dataclass
@@ -57,22 +62,49 @@ def env_for(dtype: str, overrides: list[str]) -> dict[str, str]:
     return env
 
 
+def servers_of(parent: int) -> list[int]:
+    """The pids of the `ratchet.server` processes that `parent` started (`--parent-pid`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        if b"ratchet.server" in argv and b"--parent-pid" in argv and str(parent).encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def watch_server_peak(run: subprocess.Popen[bytes], peak: list[int]) -> None:
+    """Keep in `peak[0]` the largest high-water mark (MiB) of any server `run` started."""
+    while run.poll() is None:
+        for pid in servers_of(run.pid):
+            peak[0] = max(peak[0], resident_mb(pid).get("peak_rss_mb", 0))
+        time.sleep(2)
+
+
 def one_run(dtype: str, overrides: list[str], keep: bool) -> dict[str, object]:
     data = fresh_data_dir(f"ratchet-readme-{dtype}-")
     log = data / "run.log"
     started = time.monotonic()
+    peak = [0]
     with log.open("w") as out:
-        code = subprocess.call(
+        run = subprocess.Popen(
             [str(ROOT / ".venv" / "bin" / "ratchet"), "--data-dir", str(data), "evolve"],
             cwd=ROOT,
             env=env_for(dtype, overrides),
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+        watcher = threading.Thread(target=watch_server_peak, args=(run, peak), daemon=True)
+        watcher.start()
+        code = run.wait()
+        watcher.join()
     wall = time.monotonic() - started
     result = {
         "dtype": dtype,
         **evolve_outcome(data, settings_of(dtype, overrides), code, wall, log.read_text()),
+        "server_peak_mb": peak[0] or None,  # None: no server seen (an endpoint, or it never started)
     }
     result["data_dir"] = str(data) if keep else None
     if not keep:
@@ -88,7 +120,8 @@ def run(opts: Options) -> int:
             runs.append({"round": r, **one})
             print(
                 f"round {r} {dtype}: {one['wall_minutes']} min, exit {one['exit_code']}, test {one['test']}, "
-                f"random {one['random']}, p = {one['vs_random_p']}, promoted {one['promoted']}",
+                f"random {one['random']}, p = {one['vs_random_p']}, promoted {one['promoted']}, "
+                f"server peak {one['server_peak_mb']} MiB",
                 flush=True,
             )
     summary = {}
@@ -99,6 +132,7 @@ def run(opts: Options) -> int:
             "above_random": sum(bool(x["above_random"]) for x in mine),
             "median_minutes": statistics.median(float(x["wall_minutes"]) for x in mine),  # type: ignore[arg-type]
             "max_minutes": max(float(x["wall_minutes"]) for x in mine),  # type: ignore[arg-type]
+            "max_server_peak_mb": max((int(x["server_peak_mb"] or 0) for x in mine), default=0),  # type: ignore[call-overload]
         }
         print(f"{dtype}: above random in {summary[dtype]['above_random']} of {len(mine)}, {summary[dtype]}")
     write_result(opts.name, {"python": sys.version.split()[0], "summary": summary, "runs": runs}, opts)

@@ -21,15 +21,15 @@ actor asks (one prefill and almost no decode: the grammar forces the rest):
   allocations get their own mapping, given back to the OS when freed;
 * `heap-mmap-thp`: the same, with glibc asking for transparent huge pages
   (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`);
-* `cache-512`, `cache-256`: the prefix cache's budget in MiB (512: the default).
+* `cache-512`, `cache-384`, `cache-256`: the key-value pool's budget in MiB (512: the default).
 * `before`: the server's modules from another checkout (`--before-dir`, e.g. made with
   `git worktree add /tmp/ratchet-before <rev>`), the rest of ratchet from this one: an A/B of
   two versions of the engine on one machine in one run;
 * `now`: the server as `ratchet` starts it from this checkout.
 
 `--configs A B` compares two of them (the summary's ratios are B over A), each with the
-prefix cache's default budget (but `cache-256`) and two heaps (`MALLOC_ARENA_MAX=2`, as `server/launcher.py`
-starts the server). Configurations alternate within each round (the machine is shared:
+pool's default budget (but `cache-384`, `cache-256`) and two heaps (`MALLOC_ARENA_MAX=2`,
+as `server/launcher.py` starts the server). Configurations alternate within each round (the machine is shared:
 compare within a run). The first result, `server_memory.json`, compared the prefix cache's
 old token budget with its byte budget; `server_memory_release.json` keep with release. Arms
 that patched code the key-value pool has since replaced (a merge that kept its sources, the
@@ -68,6 +68,7 @@ CONFIGS = {  # server flags
     "heap-mmap": [],
     "heap-mmap-thp": [],
     "cache-512": [],
+    "cache-384": ["--prefix-cache-mb", "384"],
     "cache-256": ["--prefix-cache-mb", "256"],
     "before": [],
     "now": [],
@@ -84,6 +85,7 @@ PRELUDES = {  # run in the server process before `ratchet.server`: arms the serv
     # `ratchet.server`'s submodules are imported from the other checkout's `server/`
     "before": "import ratchet.server as s; s.__path__[:] = [{before!r}]",
 }
+SERVER_STATS = ("kv_pool_mb", "prefix_cache_evictions", "prompt_tokens", "prefilled_tokens")
 ACT = {  # a constrained reply: the shape of ratchet's actor's step (`--constrained`)
     "type": "object",
     "properties": {
@@ -174,8 +176,12 @@ def play(opts: Options, dtype: str, config: str) -> dict[str, Any]:
         watcher.join()
         end = rss_mb(proc.pid)
         hwm = resident_mb(proc.pid).get("peak_rss_mb", 0)  # the kernel's high-water mark: no sample missed
+        health = httpx.get(f"http://127.0.0.1:{opts.port}/health", timeout=30).json()
         time.sleep(opts.idle)
         return {
+            # the server's own account: how large its key-value pool ended, what the prefix cache
+            # gave back, and how much of the prompts it did not have to prefill
+            **{k: health.get(k) for k in SERVER_STATS},
             "loaded_mb": loaded,
             "peak_mb": peak[0],
             "hwm_mb": hwm,
@@ -206,7 +212,10 @@ def run(opts: Options) -> None:
                 runs.setdefault(dtype, {}).setdefault(config, []).append(result)
     summary: dict[str, Any] = {}
     for dtype, by in runs.items():
-        med = {c: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for c, xs in by.items()}
+        med = {  # an older engine (the before arm) may not report every server statistic
+            c: {k: statistics.median(v) for k in xs[0] if (v := [x[k] for x in xs if x[k] is not None])}
+            for c, xs in by.items()
+        }
         summary[dtype] = {
             **med,
             f"idle_{b}_over_{a}": round(med[b]["idle_mb"] / med[a]["idle_mb"], 3),

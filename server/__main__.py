@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
 
+    _skip_unused_imports()
     from ratchet.server.launcher import check_port_free
 
     try:
@@ -77,6 +78,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.close()
     return 0
+
+
+# Packages installed beside the server that its imports load and it never calls: torch's
+# compiler stack imports triton (a GPU kernel compiler, there because xgrammar depends on it)
+# to ask whether it is there, and transformers imports scipy for its object-detection losses.
+# Loading them maps ~140 MB of their libraries into every server process (bench/RESULTS.md,
+# "server_memory, imports the server never uses"). Both callers check with find_spec, which
+# answers "not installed" for a name set to None in sys.modules.
+UNUSED_IMPORTS = ("triton", "scipy")
+
+
+def _skip_unused_imports() -> None:
+    """Make `UNUSED_IMPORTS` look absent to this process (call before importing torch)."""
+    for name in UNUSED_IMPORTS:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 def _exit_with_parent(pid: int) -> None:
