@@ -338,14 +338,15 @@ class Engine:
             if not req.future.done():
                 req.future.set_exception(exc)
 
-    def _fail_batch(self, batch: _Batch | None, exc: BaseException) -> None:
-        """A batch that failed: its rows get `exc` and its slots go back."""
+    def _fail_batch(self, batch: _Batch | None, exc: BaseException, running: _Batch | None = None) -> None:
+        """A batch that failed: its rows get `exc` and its slots go back (`running`: the batch
+        that goes on, if this one had not joined it yet)."""
         self._fail(batch, deque(), exc)
         try:
             self._drop(batch)
         except Exception:  # noqa: BLE001 - a bookkeeping bug must not stop the server
             log.exception("a failed batch could not give its key-value slots back")
-        self._recount_slots(None)
+        self._recount_slots(running)
 
     def _recount_slots(self, running: _Batch | None) -> None:
         """After a failure, every hold on a slot must be the running batch's or the prefix
@@ -401,7 +402,7 @@ class Engine:
             with self._clock("kv_seconds"):
                 return _merge(self.pool, batch, new)
         except Exception as exc:  # the loop fails `batch`'s rows; these are not in it yet
-            self._fail_batch(new, exc)
+            self._fail_batch(new, exc, running=batch)
             raise
 
     @contextmanager

@@ -414,6 +414,7 @@ def test_the_pool_holds_only_what_the_cache_stores_once_requests_end_or_fail(bas
             engine.model.forward = real
             assert leaks() == 0
         # a merge that fails (rows of two prefill groups, or new rows joining a running batch)
+        cached = engine.prefix_cache.cached_tokens
         merge = engine_module._merge
         engine_module._merge = lambda *a: (_ for _ in ()).throw(RuntimeError("injected merge"))
         try:
@@ -423,6 +424,7 @@ def test_the_pool_holds_only_what_the_cache_stores_once_requests_end_or_fail(bas
         finally:
             engine_module._merge = merge
         assert leaks() == 0
+        assert engine.prefix_cache.cached_tokens >= cached  # counted right: nothing to start over
         assert engine.generate(GenRequest(prompt_ids=prompts[0], max_tokens=4, temperature=0)).token_ids
         assert leaks() == 0
     finally:
