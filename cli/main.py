@@ -158,11 +158,10 @@ def serve(
 
         check_port_free("127.0.0.1", port, "pass --port with another port")
         console.print(f"serving on http://127.0.0.1:{port}/v1 (Ctrl-C to stop)")
-        raise typer.Exit(
-            server_main(
-                ["--port", str(port), "--models-dir", str(settings.models_dir), "--max-batch", str(max_batch)]
-            )
-        )
+        model = settings.model
+        args = ["--port", str(port), "--models-dir", str(settings.models_dir), "--max-batch", str(max_batch)]
+        args += ["--dtype", model.dtype, "--prefix-cache-mb", str(model.kv_cache_mb)]
+        raise typer.Exit(server_main(args))
 
 
 @app.command()

@@ -204,6 +204,7 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
         port=settings.model.port,
         max_batch=settings.model.max_batch,
         dtype=settings.model.dtype,
+        kv_cache_mb=settings.model.kv_cache_mb,
     ) as url:
         yield url
 

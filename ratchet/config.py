@@ -107,6 +107,13 @@ class ModelSettings(Section):
         "units (avx512_bf16, amx_bf16: evaluation ~1.6x faster, about one greedy token in 28 changes) and "
         "float32 elsewhere; 'float32' everywhere gives the same greedy runs on machines of one ISA",
     )
+    kv_cache_mb: int = Field(
+        default=512,
+        ge=0,
+        le=1_048_576,
+        description="embedded server: memory for keys and values, the running requests' and the prefix "
+        "cache's, in MiB; more only while running requests alone need it (0: no prefix caching)",
+    )
     tool_calls: Literal["auto", "native", "json"] = Field(
         default="auto",
         description="how the actor's tool calls travel: 'native' OpenAI tools, 'json' tools rendered "

@@ -173,9 +173,11 @@ class EmbeddedServer:
         max_batch: int = 8,
         host: str = "127.0.0.1",
         dtype: Precision = "auto",
+        kv_cache_mb: int | None = None,
     ) -> None:
         self.models_dir = models_dir
         self.dtype = dtype
+        self.kv_cache_mb = kv_cache_mb  # None: the server's default
         self.logs_dir = logs_dir
         self.host = host
         self.port = port
@@ -229,6 +231,7 @@ class EmbeddedServer:
                     self.dtype,
                     "--parent-pid",
                     str(os.getpid()),
+                    *([] if self.kv_cache_mb is None else ["--prefix-cache-mb", str(self.kv_cache_mb)]),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

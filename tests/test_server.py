@@ -123,12 +123,14 @@ def test_the_server_maps_no_library_of_a_package_it_never_calls(embedded_server)
 
 @pytest.mark.integration
 def test_the_launcher_starts_the_configured_number_format(embedded_server, base_model_dir, tmp_path):
-    """`model.dtype` reaches the server process: a second server in the format the session's
-    server does not use says so in `/health`, and answers."""
+    """`model.dtype` and `model.kv_cache_mb` reach the server process: a second server in the
+    format the session's server does not use, with a small key-value pool, says so in
+    `/health`, and answers."""
     session = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()["dtype"]
     other = "float32" if session == "bfloat16" else "bfloat16"
-    with EmbeddedServer(base_model_dir.parent, tmp_path, dtype=other) as url:
-        assert httpx.get(url.removesuffix("/v1") + "/health").json()["dtype"] == other
+    with EmbeddedServer(base_model_dir.parent, tmp_path, dtype=other, kv_cache_mb=64) as url:
+        health = httpx.get(url.removesuffix("/v1") + "/health").json()
+        assert health["dtype"] == other and 60 <= health["kv_pool_mb"] <= 64
         reply = chat(url, temperature=0, max_tokens=4)["choices"][0]["message"]["content"]
         assert reply.strip()
 
