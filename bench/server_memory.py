@@ -29,8 +29,8 @@ actor asks (one prefill and almost no decode: the grammar forces the rest):
 
 `--configs A B` compares two of them (the summary's ratios are B over A), each with the
 pool's default budget (but `cache-384`, `cache-256`) and two heaps (`MALLOC_ARENA_MAX=2`,
-as `server/launcher.py` starts the server). Configurations alternate within each round (the machine is shared:
-compare within a run). The first result, `server_memory.json`, compared the prefix cache's
+as `server/launcher.py` starts the server). Configurations alternate within each round (the
+machine is shared: compare within a run). The first result, `server_memory.json`, compared the prefix cache's
 old token budget with its byte budget; `server_memory_release.json` keep with release. Arms
 that patched code the key-value pool has since replaced (a merge that kept its sources, the
 flat prefix cache) are gone: their A/Bs are rerun at their commits, or against `before`.
