@@ -146,7 +146,8 @@ def run(args: Options) -> None:
                     k: after.get(k, 0) - before.get(k, 0)
                     for k in ("prompt_tokens", "prefilled_tokens", "generated_tokens", "requests")
                 }
-                row["server_memory_mb"] = {k: after[k] for k in ("rss_mb", "peak_rss_mb") if k in after}
+                memory = ("rss_mb", "peak_rss_mb", "kv_pool_mb", "kv_in_use_mb")  # the pool: grown? held?
+                row["server_memory_mb"] = {k: after[k] for k in memory if k in after}
                 stages.append(row)
                 print(f"gen {generation} {name:9s} {wall:7.1f} s {row['server_memory_mb']}", flush=True)
 
