@@ -28,10 +28,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from bench.harness import ROOT, clean_env, evolve_outcome, fresh_data_dir, option, write_result
-from ratchet.server.memory import resident_mb
+from ratchet.server.memory import resident_mb, server_pids
 
 
 @dataclass
@@ -62,23 +61,10 @@ def env_for(dtype: str, overrides: list[str]) -> dict[str, str]:
     return env
 
 
-def servers_of(parent: int) -> list[int]:
-    """The pids of the `ratchet.server` processes that `parent` started (`--parent-pid`)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # not a process, or gone
-            continue
-        if b"ratchet.server" in argv and b"--parent-pid" in argv and str(parent).encode() in argv:
-            pids.append(int(proc.name))
-    return pids
-
-
 def watch_server_peak(run: subprocess.Popen[bytes], peak: list[int]) -> None:
     """Keep in `peak[0]` the largest high-water mark (MiB) of any server `run` started."""
     while run.poll() is None:
-        for pid in servers_of(run.pid):
+        for pid in server_pids("--parent-pid", str(run.pid)):
             peak[0] = max(peak[0], resident_mb(pid).get("peak_rss_mb", 0))
         time.sleep(2)
 

@@ -47,3 +47,19 @@ def resident_mb(pid: int | str = "self") -> dict[str, int]:
         if key in FIELDS:
             out[FIELDS[key]] = int(value.split()[0]) // 1024  # kB
     return out
+
+
+def server_pids(*args: str) -> list[int]:
+    """The pids of `python -m ratchet.server` processes whose command line has all of `args`
+    (e.g. `"--port", "8917"`), for reading a server's memory from outside; empty where /proc
+    is not there."""
+    want = [a.encode() for a in args]
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        if b"ratchet.server" in argv and all(a in argv for a in want):
+            pids.append(int(proc.name))
+    return pids

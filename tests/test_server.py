@@ -98,15 +98,12 @@ def test_health_says_how_much_of_the_key_value_pool_is_held(embedded_server):
 
 def _server_pid(url: str) -> int:
     """The pid of the `python -m ratchet.server` process listening on `url`'s port."""
+    from ratchet.server.memory import server_pids
+
     port = str(httpx.URL(url).port)
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # not a process, or gone
-            continue
-        if b"ratchet.server" in argv and port.encode() in argv:
-            return int(proc.name)
-    raise AssertionError(f"no ratchet.server process serves port {port}")
+    pids = server_pids("--port", port)
+    assert len(pids) == 1, f"ratchet.server processes serving port {port}: {pids}"
+    return pids[0]
 
 
 @pytest.mark.integration
