@@ -121,6 +121,11 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             return _error(404, str(exc), "not_found_error")
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
+    @app.post("/reset_prefix_cache")
+    def reset_prefix_cache() -> Any:  # vLLM's route: reproducible replies need the same cache state
+        engine.reset_prefix_cache()
+        return PlainTextResponse("Success: prefix cache reset.")
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
         try:

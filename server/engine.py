@@ -264,6 +264,13 @@ class Engine:
             if not self.adapters:  # peft cannot disable a deleted adapter: go back to the bare base model
                 self.model = self.model.unload()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (rows in flight keep their own slots). Only speed changes,
+        and the order in which later prompts are split between cache and prefill: two runs
+        that each start from an empty cache compute the same sums in the same order."""
+        with self._lock:
+            self.prefix_cache.clear()
+
     def close(self) -> None:
         self._stopped.set()
         self._queue.put(None)  # type: ignore[arg-type]

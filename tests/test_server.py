@@ -96,6 +96,28 @@ def test_health_says_how_much_of_the_key_value_pool_is_held(embedded_server):
     assert health["prefix_cache_evictions"] >= 0
 
 
+@pytest.mark.integration
+def test_a_reset_prefix_cache_prefills_a_cached_prompt_again(embedded_server):
+    """The same prompt twice is prefilled once; after `POST /reset_prefix_cache` it is
+    prefilled in full again."""
+    root = embedded_server.removesuffix("/v1")
+    pantry = [{"role": "user", "content": "List what is in the pantry. " * 12}]
+
+    def prefilled_by_one_request() -> tuple[int, int]:
+        before = httpx.get(root + "/health").json()
+        chat(embedded_server, temperature=0, max_tokens=4, messages=pantry)
+        after = httpx.get(root + "/health").json()
+        new = after["prefilled_tokens"] - before["prefilled_tokens"]
+        return new, after["prompt_tokens"] - before["prompt_tokens"]
+
+    prefilled_by_one_request()
+    cached, prompt = prefilled_by_one_request()
+    assert cached < prompt // 4  # the whole prompt but its last tokens came from the cache
+    r = httpx.post(root + "/reset_prefix_cache")
+    assert r.status_code == 200
+    assert prefilled_by_one_request() == (prompt, prompt)
+
+
 def _server_pid(url: str) -> int:
     """The pid of the `python -m ratchet.server` process listening on `url`'s port."""
     from ratchet.server.memory import server_pids
