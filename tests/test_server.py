@@ -333,6 +333,8 @@ def test_a_port_whose_last_server_just_stopped_is_free(tmp_path):
 
 @pytest.mark.integration
 def test_a_corrupt_adapter_is_refused_and_changes_nothing(embedded_server, tmp_path):
+    reset = embedded_server.removesuffix("/v1") + "/reset_prefix_cache"  # both replies prefill in full
+    httpx.post(reset).raise_for_status()
     before = chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -351,5 +353,6 @@ def test_a_corrupt_adapter_is_refused_and_changes_nothing(embedded_server, tmp_p
     r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(bad)})
     assert r.status_code == 400 and "cannot load adapter" in r.json()["error"]["message"]
     assert "bad" not in [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
+    httpx.post(reset).raise_for_status()
     after = chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
     assert after == before
