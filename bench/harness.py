@@ -209,11 +209,14 @@ def bench_settings(data_dir: Path, overrides: dict[str, Any]) -> Any:
     return settings
 
 
-def embedded_server(logs: Path, dtype: str = "auto", models: Path = MODELS) -> Any:
-    """The embedded model server (`with embedded_server(dir) as url:`), its log in `logs`."""
+def embedded_server(
+    logs: Path, dtype: str = "auto", models: Path = MODELS, server_args: Sequence[str] = ()
+) -> Any:
+    """The embedded model server (`with embedded_server(dir) as url:`), its log in `logs`;
+    `server_args`: more `python -m ratchet.server` flags."""
     from ratchet.server.launcher import EmbeddedServer
 
-    return EmbeddedServer(models, logs, dtype=dtype)  # type: ignore[arg-type]
+    return EmbeddedServer(models, logs, dtype=dtype, server_args=tuple(server_args))  # type: ignore[arg-type]
 
 
 def server_stats(url: str) -> dict[str, float]:

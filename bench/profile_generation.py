@@ -108,6 +108,10 @@ def instrument(clocks: Clocks) -> None:
 @dataclass
 class Options:
     overrides: list[str] = option([], "settings overrides", flags=("--set",), nargs="*", metavar="KEY=VALUE")
+    server_args: list[str] = option(
+        [], "more `python -m ratchet.server` flags, as one string (--server-args='--shape-buckets 0')",
+        type=str.split, nargs=None,
+    )
     name: str = option("profile_generation", "results file name under bench/results")
     report: Path | None = option(None, "only print the tables of a results file")
 
@@ -130,7 +134,7 @@ def run(args: Options) -> None:
     stages: list[dict[str, Any]] = []
     run_stage = evolve.run_stage
 
-    with embedded_server(data / "logs", dtype=settings.model.dtype) as url:
+    with embedded_server(data / "logs", dtype=settings.model.dtype, server_args=args.server_args) as url:
 
         def profiled(settings: Any, name: str, generation: int, url: str) -> Any:
             before, client, started = server_stats(url), clocks.snapshot(), time.perf_counter()

@@ -22,6 +22,9 @@ actor asks (one prefill and almost no decode: the grammar forces the rest):
 * `heap-mmap-thp`: the same, with glibc asking for transparent huge pages
   (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`);
 * `cache-512`, `cache-384`, `cache-256`: the key-value pool's budget in MiB (512: the default).
+* `exact-shapes`: prefills as wide as their longest row (`--shape-buckets 0`);
+* `shape-buckets`: the server as `ratchet` starts it: prefill widths and cached columns padded
+  to four sizes per power of two (`server/engine.py:shape_bucket`);
 * `before`: the server's modules from another checkout (`--before-dir`, e.g. made with
   `git worktree add /tmp/ratchet-before <rev>`), the rest of ratchet from this one: an A/B of
   two versions of the engine on one machine in one run;
@@ -72,6 +75,8 @@ CONFIGS = {  # server flags
     "cache-256": ["--prefix-cache-mb", "256"],
     "before": [],
     "now": [],
+    "exact-shapes": ["--shape-buckets", "0"],
+    "shape-buckets": [],
 }
 ENVS = {  # extra environment for an arm's server (`{mmap}`: `--mmap-mb` in bytes)
     # glibc serves allocations of at least this many bytes with their own mapping, given back

@@ -40,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="query tokens per prefill forward; longer prefills run in chunks (default 2048; 0: one forward)",
     )
+    p.add_argument(
+        "--shape-buckets",
+        type=int,
+        default=None,
+        help="prefill widths padded to this many sizes per power of two (default 4; 0: exact widths, "
+        "which in bf16 holds more memory per distinct shape)",
+    )
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)
     if args.parent_pid:
@@ -71,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=resolve(args.dtype),
         **({"release_idle_s": None} if args.keep_freed else {}),
         **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
+        **({} if args.shape_buckets is None else {"shape_buckets": args.shape_buckets}),
     )
     app = create_app(engine, BASE_MODEL_NAME)
     try:

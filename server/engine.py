@@ -75,6 +75,11 @@ RELEASE_IDLE_S = 0.5  # longer than the gap between an agent's steps, shorter th
 # allocates beside the cache (attention masks over every key, MLP activations) grows with its
 # query tokens: a cold batch of 8 prompts of 2,000 tokens held ~0.45 GB of it in one forward.
 PREFILL_CHUNK = 2048
+# A prefill's query columns and cached columns are each padded up to one of this many sizes per
+# power of two (`shape_bucket`; 0: not padded). bf16 matmuls and attention on CPU keep kernels,
+# packed operands and free heap per distinct shape: a server that saw every width once held
+# ~0.8 GB more than one that saw a few (bench/RESULTS.md, "shape buckets").
+SHAPE_BUCKETS = 4
 
 
 @dataclass
@@ -119,6 +124,7 @@ class Engine:
         dtype: torch.dtype = torch.float32,
         release_idle_s: float | None = RELEASE_IDLE_S,
         prefill_chunk: int = PREFILL_CHUNK,
+        shape_buckets: int = SHAPE_BUCKETS,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.dtype = dtype  # bf16 where the CPU multiplies it natively (`server.precision`)
@@ -137,6 +143,8 @@ class Engine:
         self.release_idle_s = release_idle_s
         # query tokens per prefill forward (`PREFILL_CHUNK`); 0: every prefill in one forward
         self.prefill_chunk = prefill_chunk
+        # prefill shapes padded to `shape_bucket`s (0: exact widths; bench/results/shape_buckets.json)
+        self.shape_buckets = shape_buckets
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -473,6 +481,8 @@ class Engine:
                     self.pool.release(slots)
             raise
         assert batch is not None
+        with self._clock("kv_seconds"):  # the bucket's padding before every row's first column
+            _trim_left(self.pool, batch)
         return batch
 
     def _prefill(
@@ -486,8 +496,10 @@ class Engine:
         Returns the rows' slot table, their attention mask, next positions and last logits.
         """
         n = len(prompts)
-        past = max(m for m, _ in hits)
-        width = max(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True))
+        past = shape_bucket(max(m for m, _ in hits), self.shape_buckets)
+        width = shape_bucket(max(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)), self.shape_buckets)
+        chunks = prefill_chunks(n, width, self.prefill_chunk, self.shape_buckets)
+        width = chunks[-1][1]  # the chunks may round it up to a whole number of chunks
         attn = torch.zeros((n, past + width), dtype=torch.long)
         input_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
         positions = torch.zeros((n, width), dtype=torch.long)
@@ -510,7 +522,7 @@ class Engine:
                     slots[i, past + width - news[i] :] = fresh[end - news[i] : end]
             cache = PagedCache(self.pool, slots, past)
             with self._clock("prefill_seconds"):
-                for start, end in prefill_chunks(n, width, self.prefill_chunk):
+                for start, end in chunks:
                     out = self.model(
                         input_ids=input_ids[:, start:end],
                         attention_mask=attn[:, : past + end],
@@ -685,10 +697,41 @@ def compile_json_schema(compiler: xgr.GrammarCompiler, schema: str) -> xgr.Compi
     )
 
 
-def prefill_chunks(rows: int, width: int, budget: int) -> list[tuple[int, int]]:
+def shape_bucket(n: int, per_octave: int = SHAPE_BUCKETS) -> int:
+    """`n` rounded up to one of `per_octave` (a power of two) evenly spaced sizes between
+    two powers of two, at least 8: at most 25% more for 4 per octave (9 -> 10, 33 -> 40,
+    1,100 -> 1,280). 0 stays 0; `per_octave` 0 leaves `n` as it is."""
+    if per_octave <= 0 or n <= 0:
+        return n
+    if n <= 8:
+        return 8
+    step = _bucket_step(n, per_octave)
+    return -(-n // step) * step
+
+
+def _bucket_step(n: int, per_octave: int) -> int:
+    """The spacing of the buckets just below or at `n` (> 1)."""
+    return 1 << max(0, (n - 1).bit_length() - per_octave.bit_length())
+
+
+def _bucket_floor(n: int, per_octave: int) -> int:
+    """The largest bucket at most `n` (`n` itself below 8)."""
+    if n < 8:
+        return n
+    step = _bucket_step(n, per_octave)
+    return n // step * step
+
+
+def prefill_chunks(rows: int, width: int, budget: int, per_octave: int = 0) -> list[tuple[int, int]]:
     """Column ranges [start, end) of a prefill `width` columns wide, each at most `budget`
-    query tokens over `rows` rows (at least one column; `budget` 0: one range)."""
+    query tokens over `rows` rows (at least one column; `budget` 0: one range). With
+    `per_octave`, every chunk's width is a bucket (`shape_bucket`): the last range may end
+    past `width`, and the prefill pads its rows to that end."""
     step = width if budget <= 0 else max(1, budget // rows)
+    if per_octave > 0 and step < width:
+        step = _bucket_floor(step, per_octave)
+        full, rest = divmod(width, step)
+        width = full * step + shape_bucket(rest, per_octave)
     return [(start, min(width, start + step)) for start in range(0, width, step)]
 
 

@@ -174,8 +174,10 @@ class EmbeddedServer:
         host: str = "127.0.0.1",
         dtype: Precision = "auto",
         kv_cache_mb: int | None = None,
+        server_args: tuple[str, ...] = (),
     ) -> None:
         self.models_dir = models_dir
+        self.server_args = server_args  # more `python -m ratchet.server` flags (benchmarks' arms)
         self.dtype = dtype
         self.kv_cache_mb = kv_cache_mb  # None: the server's default
         self.logs_dir = logs_dir
@@ -232,6 +234,7 @@ class EmbeddedServer:
                     "--parent-pid",
                     str(os.getpid()),
                     *([] if self.kv_cache_mb is None else ["--prefix-cache-mb", str(self.kv_cache_mb)]),
+                    *self.server_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

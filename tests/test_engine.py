@@ -212,6 +212,68 @@ def test_prefill_chunks_cover_the_width_within_the_budget():
         assert all(rows * (end - start) <= max(budget, rows) for start, end in chunks)
 
 
+def test_shape_buckets_pad_by_at_most_a_quarter_and_are_few():
+    from ratchet.server.engine import shape_bucket
+
+    assert [shape_bucket(n) for n in (0, 1, 8, 9, 17, 33, 100, 1100)] == [0, 8, 8, 10, 20, 40, 112, 1280]
+    assert shape_bucket(37, 0) == 37  # off
+    buckets = {shape_bucket(n) for n in range(1, 2049)}
+    assert len(buckets) <= 4 * 9  # 8, then four per power of two up to 2,048
+    for n in range(1, 5000):
+        b = shape_bucket(n)
+        assert n <= b <= max(8, 1.25 * n) and shape_bucket(b) == b, n
+
+
+def test_bucketed_prefill_chunks_are_buckets_within_the_budget():
+    from ratchet.server.engine import prefill_chunks, shape_bucket
+
+    assert prefill_chunks(8, 1536, 2048, 4) == [(i, i + 256) for i in range(0, 1536, 256)]
+    assert prefill_chunks(3, 1536, 2048, 4) == [(0, 640), (640, 1280), (1280, 1536)]
+    assert prefill_chunks(8, 100, 2048, 4) == [(0, 100)]  # one chunk: the width as it came
+    for rows, width, budget in [(1, 3000, 2048), (3, 1000, 64), (8, 2049, 2048), (5, 999, 2048)]:
+        chunks = prefill_chunks(rows, width, budget, 4)
+        assert [c[0] for c in chunks[1:]] == [c[1] for c in chunks[:-1]] and chunks[-1][1] >= width
+        assert all(shape_bucket(end - start) == end - start for start, end in chunks)
+        assert all(rows * (end - start) <= budget for start, end in chunks)
+
+
+def test_bucketed_prefills_answer_as_exact_ones_in_shapes_of_few_sizes(base_model_dir, engines):
+    """Padding a prefill's cached and new columns up to a bucket changes no greedy token (fp32),
+    and every prefill forward the model sees is a bucket wide over a bucket of cached columns."""
+    from ratchet.server.engine import Engine, GenRequest, shape_bucket
+
+    cached, _ = engines
+    tok = cached.tokenizer
+    steps = _conversation(tok, 5)
+    prompts = [*steps, _user_prompt(tok, "Describe the cellar and what is stored in it. " * 7)]
+    exact = Engine(base_model_dir, shape_buckets=0, batch_wait_s=0.2)
+    seen: list[tuple[int, int]] = []
+
+    def record(_module, _args, kwargs):  # (query columns, cached columns) of each forward
+        q = kwargs["input_ids"].shape[1]
+        seen.append((q, kwargs["attention_mask"].shape[1] - q))
+
+    hook = cached.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        for engine in (exact, cached):  # a step at a time (a cached prefix), then all at once
+            engine.generate(GenRequest(prompt_ids=steps[0], max_tokens=1, temperature=0))
+        want = [
+            f.result().token_ids
+            for f in [exact.submit(GenRequest(prompt_ids=p, max_tokens=8, temperature=0)) for p in prompts]
+        ]
+        got = [
+            f.result().token_ids
+            for f in [cached.submit(GenRequest(prompt_ids=p, max_tokens=8, temperature=0)) for p in prompts]
+        ]
+    finally:
+        hook.remove()
+        exact.close()
+    assert got == want
+    prefills = [(q, past) for q, past in seen if q > 1]
+    assert prefills and all(shape_bucket(q) == q and shape_bucket(past) == past for q, past in prefills)
+    assert any(past > 0 for _, past in prefills)  # a cached prefix was padded too
+
+
 def test_a_prefill_in_chunks_answers_what_one_forward_does(base_model_dir, engines):
     """Rows of different widths, cache hits beside misses, chunks smaller than the shortest
     row's new tokens: the same greedy tokens as the uncached engine's single forwards, and the
