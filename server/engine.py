@@ -496,8 +496,9 @@ class Engine:
         Returns the rows' slot table, their attention mask, next positions and last logits.
         """
         n = len(prompts)
+        news = [len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)]
         past = shape_bucket(max(m for m, _ in hits), self.shape_buckets)
-        width = shape_bucket(max(len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)), self.shape_buckets)
+        width = shape_bucket(max(news), self.shape_buckets)
         chunks = prefill_chunks(n, width, self.prefill_chunk, self.shape_buckets)
         width = chunks[-1][1]  # the chunks may round it up to a whole number of chunks
         attn = torch.zeros((n, past + width), dtype=torch.long)
@@ -506,7 +507,6 @@ class Engine:
         # left padding reads zeros; padding among the new columns is written, never attended
         slots = torch.full((n, past + width), SCRATCH, dtype=torch.long)
         slots[:, :past] = PAD
-        news = [len(p) - m for p, (m, _) in zip(prompts, hits, strict=True)]
         for i, (p, (m, prefix)) in enumerate(zip(prompts, hits, strict=True)):
             attn[i, past - m : past] = 1
             attn[i, past + width - news[i] :] = 1
