@@ -109,8 +109,10 @@ def instrument(clocks: Clocks) -> None:
 class Options:
     overrides: list[str] = option([], "settings overrides", flags=("--set",), nargs="*", metavar="KEY=VALUE")
     server_args: list[str] = option(
-        [], "more `python -m ratchet.server` flags, as one string (--server-args='--shape-buckets 0')",
-        type=str.split, nargs=None,
+        [],
+        "more `python -m ratchet.server` flags, as one string (--server-args='--shape-buckets 0')",
+        type=str.split,
+        nargs=None,
     )
     name: str = option("profile_generation", "results file name under bench/results")
     report: Path | None = option(None, "only print the tables of a results file")
