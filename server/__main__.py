@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         "--shape-buckets",
         type=int,
         default=None,
-        help="prefill widths padded to this many sizes per power of two (default 4; 0: exact widths, "
-        "which in bf16 holds more memory per distinct shape)",
+        help="prefill widths padded to this many sizes per power of two (default: 4 in bfloat16, "
+        "where each distinct shape holds memory; 0 in float32, where it would only cost time)",
     )
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)

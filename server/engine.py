@@ -75,10 +75,12 @@ RELEASE_IDLE_S = 0.5  # longer than the gap between an agent's steps, shorter th
 # allocates beside the cache (attention masks over every key, MLP activations) grows with its
 # query tokens: a cold batch of 8 prompts of 2,000 tokens held ~0.45 GB of it in one forward.
 PREFILL_CHUNK = 2048
-# A prefill's query columns and cached columns are each padded up to one of this many sizes per
-# power of two (`shape_bucket`; 0: not padded). bf16 matmuls and attention on CPU keep kernels,
-# packed operands and free heap per distinct shape: a server that saw every width once held
-# ~0.8 GB more than one that saw a few (bench/RESULTS.md, "shape buckets").
+# In bf16, a prefill's query columns and cached columns are each padded up to one of this many
+# sizes per power of two (`shape_bucket`). bf16 matmuls and attention on CPU keep kernels and
+# packed operands per distinct shape, and leave the heap in holes sized by it: during the
+# README's run, a server that prefilled every width exactly grew ~0.5 GB more. fp32 keeps
+# nothing per shape, and the padding would only cost time there (bench/RESULTS.md, "shape
+# buckets").
 SHAPE_BUCKETS = 4
 
 
@@ -124,7 +126,7 @@ class Engine:
         dtype: torch.dtype = torch.float32,
         release_idle_s: float | None = RELEASE_IDLE_S,
         prefill_chunk: int = PREFILL_CHUNK,
-        shape_buckets: int = SHAPE_BUCKETS,
+        shape_buckets: int | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.dtype = dtype  # bf16 where the CPU multiplies it natively (`server.precision`)
@@ -143,7 +145,9 @@ class Engine:
         self.release_idle_s = release_idle_s
         # query tokens per prefill forward (`PREFILL_CHUNK`); 0: every prefill in one forward
         self.prefill_chunk = prefill_chunk
-        # prefill shapes padded to `shape_bucket`s (0: exact widths; bench/results/shape_buckets.json)
+        # prefill shapes padded to `shape_bucket`s (0: exact widths); None: in bf16 only
+        if shape_buckets is None:
+            shape_buckets = SHAPE_BUCKETS if dtype == torch.bfloat16 else 0
         self.shape_buckets = shape_buckets
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         if self.tokenizer.pad_token_id is None:

@@ -239,36 +239,33 @@ def test_bucketed_prefill_chunks_are_buckets_within_the_budget():
 
 def test_bucketed_prefills_answer_as_exact_ones_in_shapes_of_few_sizes(base_model_dir, engines):
     """Padding a prefill's cached and new columns up to a bucket changes no greedy token (fp32),
-    and every prefill forward the model sees is a bucket wide over a bucket of cached columns."""
-    from ratchet.server.engine import Engine, GenRequest, shape_bucket
+    and every prefill forward the model sees is a bucket wide over a bucket of cached columns.
+    (fp32 prefills exact widths by default: it keeps nothing per shape.)"""
+    from ratchet.server.engine import SHAPE_BUCKETS, Engine, GenRequest, shape_bucket
 
-    cached, _ = engines
-    tok = cached.tokenizer
+    exact, _ = engines
+    assert exact.shape_buckets == 0  # the fp32 default
+    tok = exact.tokenizer
     steps = _conversation(tok, 5)
     prompts = [*steps, _user_prompt(tok, "Describe the cellar and what is stored in it. " * 7)]
-    exact = Engine(base_model_dir, shape_buckets=0, batch_wait_s=0.2)
+    bucketed = Engine(base_model_dir, shape_buckets=SHAPE_BUCKETS, batch_wait_s=0.2)
     seen: list[tuple[int, int]] = []
 
     def record(_module, _args, kwargs):  # (query columns, cached columns) of each forward
         q = kwargs["input_ids"].shape[1]
         seen.append((q, kwargs["attention_mask"].shape[1] - q))
 
-    hook = cached.model.register_forward_pre_hook(record, with_kwargs=True)
+    hook = bucketed.model.register_forward_pre_hook(record, with_kwargs=True)
     try:
-        for engine in (exact, cached):  # a step at a time (a cached prefix), then all at once
+        replies = []
+        for engine in (exact, bucketed):  # one step first (a cached prefix), then all at once
             engine.generate(GenRequest(prompt_ids=steps[0], max_tokens=1, temperature=0))
-        want = [
-            f.result().token_ids
-            for f in [exact.submit(GenRequest(prompt_ids=p, max_tokens=8, temperature=0)) for p in prompts]
-        ]
-        got = [
-            f.result().token_ids
-            for f in [cached.submit(GenRequest(prompt_ids=p, max_tokens=8, temperature=0)) for p in prompts]
-        ]
+            futures = [engine.submit(GenRequest(prompt_ids=p, max_tokens=8, temperature=0)) for p in prompts]
+            replies.append([f.result().token_ids for f in futures])
     finally:
         hook.remove()
-        exact.close()
-    assert got == want
+        bucketed.close()
+    assert replies[1] == replies[0]
     prefills = [(q, past) for q, past in seen if q > 1]
     assert prefills and all(shape_bucket(q) == q and shape_bucket(past) == past for q, past in prefills)
     assert any(past > 0 for _, past in prefills)  # a cached prefix was padded too

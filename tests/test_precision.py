@@ -62,7 +62,7 @@ def test_a_bf16_engine_serves_constrained_replies_and_lora_adapters(base_model_d
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from ratchet.server.engine import Engine, GenRequest
+    from ratchet.server.engine import SHAPE_BUCKETS, Engine, GenRequest
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
@@ -72,6 +72,7 @@ def test_a_bf16_engine_serves_constrained_replies_and_lora_adapters(base_model_d
     engine = Engine(base_model_dir, dtype=torch.bfloat16)
     try:
         assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+        assert engine.shape_buckets == SHAPE_BUCKETS  # bf16 pads prefills to few shapes
         tok = engine.tokenizer
         prompt = tok.apply_chat_template(
             [{"role": "user", "content": "Pick a room to go to."}],
