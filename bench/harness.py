@@ -210,13 +210,19 @@ def bench_settings(data_dir: Path, overrides: dict[str, Any]) -> Any:
 
 
 def embedded_server(
-    logs: Path, dtype: str = "auto", models: Path = MODELS, server_args: Sequence[str] = ()
+    logs: Path,
+    dtype: str = "auto",
+    models: Path = MODELS,
+    server_args: Sequence[str] = (),
+    memray: Path | None = None,
 ) -> Any:
     """The embedded model server (`with embedded_server(dir) as url:`), its log in `logs`;
-    `server_args`: more `python -m ratchet.server` flags."""
+    `server_args`: more `python -m ratchet.server` flags; `memray`: run it under `memray run
+    --aggregate`, writing the capture there (read it with memory_breakdown.breakdown)."""
     from ratchet.server.launcher import EmbeddedServer
 
-    return EmbeddedServer(models, logs, dtype=dtype, server_args=tuple(server_args))  # type: ignore[arg-type]
+    runner = () if memray is None else ("-m", "memray", "run", "--aggregate", "-f", "-o", str(memray))
+    return EmbeddedServer(models, logs, dtype=dtype, server_args=tuple(server_args), runner=runner)  # type: ignore[arg-type]
 
 
 def server_stats(url: str) -> dict[str, float]:

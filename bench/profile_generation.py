@@ -18,6 +18,7 @@ settings unless overridden) and accounts for the time three ways:
 Prefect's own overhead was measured separately (explore_overhead in bench/RESULTS.md: ≤ 2%).
 
     .venv/bin/python -m bench profile_generation [--set KEY=VALUE ...] [--name profile_generation]
+    .venv/bin/python -m bench profile_generation --memray /tmp/server.bin   # and the server's heap
     .venv/bin/python -m bench profile_generation --report bench/results/profile_generation.json
 
 Writes bench/results/NAME.json and prints the tables.
@@ -114,6 +115,11 @@ class Options:
         type=str.split,
         nargs=None,
     )
+    memray: Path | None = option(
+        None,
+        "run the server under `memray run --aggregate` into this capture (pip install memray) "
+        "and list the heap at its high-water mark by allocating line (bench/memory_breakdown.py)",
+    )
     name: str = option("profile_generation", "results file name under bench/results")
     report: Path | None = option(None, "only print the tables of a results file")
 
@@ -136,7 +142,10 @@ def run(args: Options) -> None:
     stages: list[dict[str, Any]] = []
     run_stage = evolve.run_stage
 
-    with embedded_server(data / "logs", dtype=settings.model.dtype, server_args=args.server_args) as url:
+    server = embedded_server(
+        data / "logs", dtype=settings.model.dtype, server_args=args.server_args, memray=args.memray
+    )
+    with server as url:
 
         def profiled(settings: Any, name: str, generation: int, url: str) -> Any:
             before, client, started = server_stats(url), clocks.snapshot(), time.perf_counter()
@@ -168,6 +177,12 @@ def run(args: Options) -> None:
         "stages": stages,
         "rows": rows,
     }
+    if args.memray is not None:  # the server has stopped: its capture is complete
+        from bench.memory_breakdown import breakdown
+
+        doc["server_heap"] = breakdown(args.memray, 12)
+        for site, mb in doc["server_heap"]["sites_mb"].items():
+            print(f"{mb:9.1f} MiB  {site}")
     write_result(args.name, doc, args)
     print(report(doc))
 

@@ -175,9 +175,13 @@ class EmbeddedServer:
         dtype: Precision = "auto",
         kv_cache_mb: int | None = None,
         server_args: tuple[str, ...] = (),
+        runner: tuple[str, ...] = (),
     ) -> None:
         self.models_dir = models_dir
         self.server_args = server_args  # more `python -m ratchet.server` flags (benchmarks' arms)
+        # python's arguments before `-m ratchet.server`: a profiler that runs a module
+        # (`-m memray run --aggregate -o FILE`; bench/profile_generation.py --memray)
+        self.runner = runner
         self.dtype = dtype
         self.kv_cache_mb = kv_cache_mb  # None: the server's default
         self.logs_dir = logs_dir
@@ -219,6 +223,7 @@ class EmbeddedServer:
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
+                    *self.runner,
                     "-m",
                     "ratchet.server",
                     "--host",
