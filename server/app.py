@@ -85,6 +85,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             "kv_pool_mb": engine.pool.capacity * engine.pool.slot_bytes >> 20,
             "kv_in_use_mb": engine.pool.in_use() * engine.pool.slot_bytes >> 20,
             "prefix_cache_evictions": engine.prefix_cache.evictions,
+            "shape_buckets": engine.shape_buckets,  # prefill widths per power of two; 0: exact
         }
 
     @app.get("/v1/models")

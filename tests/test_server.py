@@ -143,13 +143,18 @@ def test_the_server_maps_no_library_of_a_package_it_never_calls(embedded_server)
 @pytest.mark.integration
 def test_the_launcher_starts_the_configured_number_format(embedded_server, base_model_dir, tmp_path):
     """`model.dtype` and `model.kv_cache_mb` reach the server process: a second server in the
-    format the session's server does not use, with a small key-value pool, says so in
-    `/health`, and answers."""
-    session = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()["dtype"]
-    other = "float32" if session == "bfloat16" else "bfloat16"
-    with EmbeddedServer(base_model_dir.parent, tmp_path, dtype=other, kv_cache_mb=64) as url:
+    format the session's server does not use, with a small key-value pool and a flag of its
+    own, says so in `/health`, and answers. Shape buckets follow the format unless set."""
+    session = httpx.get(embedded_server.removesuffix("/v1") + "/health").json()
+    assert session["shape_buckets"] == (4 if session["dtype"] == "bfloat16" else 0)
+    other = "float32" if session["dtype"] == "bfloat16" else "bfloat16"
+    server = EmbeddedServer(
+        base_model_dir.parent, tmp_path, dtype=other, kv_cache_mb=64, server_args=("--shape-buckets", "2")
+    )
+    with server as url:
         health = httpx.get(url.removesuffix("/v1") + "/health").json()
         assert health["dtype"] == other and 60 <= health["kv_pool_mb"] <= 64
+        assert health["shape_buckets"] == 2
         reply = chat(url, temperature=0, max_tokens=4)["choices"][0]["message"]["content"]
         assert reply.strip()
 
