@@ -22,6 +22,7 @@ import difflib
 import importlib
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -222,7 +223,15 @@ def embedded_server(
     from ratchet.server.launcher import EmbeddedServer
 
     runner = () if memray is None else ("-m", "memray", "run", "--aggregate", "-f", "-o", str(memray))
-    return EmbeddedServer(models, logs, dtype=dtype, server_args=tuple(server_args), runner=runner)  # type: ignore[arg-type]
+    profiled = {} if memray is None else {"stop_signal": signal.SIGINT, "stop_timeout_s": 600.0}
+    return EmbeddedServer(  # memray writes its capture as the server exits (EmbeddedServer.stop_signal)
+        models,
+        logs,
+        dtype=dtype,
+        server_args=tuple(server_args),
+        runner=runner,
+        **profiled,  # type: ignore[arg-type]
+    )
 
 
 def server_stats(url: str) -> dict[str, float]:

@@ -176,12 +176,18 @@ class EmbeddedServer:
         kv_cache_mb: int | None = None,
         server_args: tuple[str, ...] = (),
         runner: tuple[str, ...] = (),
+        stop_timeout_s: float = 15.0,
+        stop_signal: signal.Signals = signal.SIGTERM,
     ) -> None:
         self.models_dir = models_dir
         self.server_args = server_args  # more `python -m ratchet.server` flags (benchmarks' arms)
         # python's arguments before `-m ratchet.server`: a profiler that runs a module
         # (`-m memray run --aggregate -o FILE`; bench/profile_generation.py --memray)
         self.runner = runner
+        # how `stop` asks, and how long it waits before SIGKILL. uvicorn raises the signal
+        # again once it has shut down: SIGTERM then ends the process without Python's exit
+        # handlers, where a profiler writes its capture; SIGINT unwinds through them
+        self.stop_signal, self.stop_timeout_s = stop_signal, stop_timeout_s
         self.dtype = dtype
         self.kv_cache_mb = kv_cache_mb  # None: the server's default
         self.logs_dir = logs_dir
@@ -267,9 +273,9 @@ class EmbeddedServer:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, self.stop_signal)
             try:
-                self.proc.wait(timeout=15)
+                self.proc.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
