@@ -39,7 +39,8 @@ def _last_token_alone(on: bool) -> Iterator[None]:
 
     original = engine.prefill_chunks
 
-    def chunks(rows: int, width: int, budget: int) -> list[tuple[int, int]]:
+    def chunks(rows: int, width: int, budget: int, per_octave: int = 0) -> list[tuple[int, int]]:
+        # the last column alone, the rest as the engine would (unbucketed: it is an odd width)
         return [(0, width)] if width <= 1 else [*original(rows, width - 1, budget), (width - 1, width)]
 
     engine.prefill_chunks = chunks if on else original
