@@ -216,10 +216,12 @@ def embedded_server(
     models: Path = MODELS,
     server_args: Sequence[str] = (),
     memray: Path | None = None,
+    kv_cache_mb: int | None = None,
 ) -> Any:
     """The embedded model server (`with embedded_server(dir) as url:`), its log in `logs`;
     `server_args`: more `python -m ratchet.server` flags; `memray`: run it under `memray run
-    --aggregate`, writing the capture there (read it with memory_breakdown.breakdown)."""
+    --aggregate`, writing the capture there (read it with memory_breakdown.breakdown);
+    `kv_cache_mb`: the key-value pool's budget (`model.kv_cache_mb`; None: the server's default)."""
     from ratchet.server.launcher import EmbeddedServer
 
     runner = () if memray is None else ("-m", "memray", "run", "--aggregate", "-f", "-o", str(memray))
@@ -228,6 +230,7 @@ def embedded_server(
         models,
         logs,
         dtype=dtype,
+        kv_cache_mb=kv_cache_mb,
         server_args=tuple(server_args),
         runner=runner,
         **profiled,  # type: ignore[arg-type]

@@ -143,7 +143,11 @@ def run(args: Options) -> None:
     run_stage = evolve.run_stage
 
     server = embedded_server(
-        data / "logs", dtype=settings.model.dtype, server_args=args.server_args, memray=args.memray
+        data / "logs",
+        dtype=settings.model.dtype,
+        server_args=args.server_args,
+        memray=args.memray,
+        kv_cache_mb=settings.model.kv_cache_mb,  # as flows/runtime.py starts it
     )
     with server as url:
 
