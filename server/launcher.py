@@ -81,6 +81,13 @@ def served_dtype(base_url: str, timeout: float = 10.0) -> str | None:
     return dtype if isinstance(dtype, str) and re.fullmatch(r"[a-z0-9_]{1,32}", dtype) else None
 
 
+def reset_prefix_cache(base_url: str, timeout: float = 30.0) -> None:
+    """Empty a ratchet (or vLLM) server's prefix cache (`POST /reset_prefix_cache`), so that
+    replies meant to be compared token for token are each prefilled from the same state."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    httpx.post(f"{root}/reset_prefix_cache", timeout=timeout).raise_for_status()
+
+
 _PING_TOOL = {
     "type": "function",
     "function": {

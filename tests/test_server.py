@@ -12,7 +12,7 @@ import pytest
 
 from ratchet.errors import EndpointError, PortInUseError
 from ratchet.server.__main__ import UNUSED_IMPORTS
-from ratchet.server.launcher import EmbeddedServer, check_endpoint
+from ratchet.server.launcher import EmbeddedServer, check_endpoint, reset_prefix_cache
 from ratchet.toolcalls import to_chatml_messages, tool_call_schema
 
 MODEL = "smollm2-135m-instruct"
@@ -113,7 +113,7 @@ def test_a_reset_prefix_cache_prefills_a_cached_prompt_again(embedded_server):
     prefilled_by_one_request()
     cached, prompt = prefilled_by_one_request()
     assert cached < prompt // 4  # the whole prompt but its last tokens came from the cache
-    r = httpx.post(root + "/reset_prefix_cache")
+    r = httpx.post(root + "/reset_prefix_cache")  # the route itself, as a client calls it
     assert r.status_code == 200
     assert prefilled_by_one_request() == (prompt, prompt)
 
@@ -338,8 +338,7 @@ def test_a_port_whose_last_server_just_stopped_is_free(tmp_path):
 
 @pytest.mark.integration
 def test_a_corrupt_adapter_is_refused_and_changes_nothing(embedded_server, tmp_path):
-    reset = embedded_server.removesuffix("/v1") + "/reset_prefix_cache"  # both replies prefill in full
-    httpx.post(reset).raise_for_status()
+    reset_prefix_cache(embedded_server)  # both replies prefill in full
     before = chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -358,6 +357,6 @@ def test_a_corrupt_adapter_is_refused_and_changes_nothing(embedded_server, tmp_p
     r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(bad)})
     assert r.status_code == 400 and "cannot load adapter" in r.json()["error"]["message"]
     assert "bad" not in [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
-    httpx.post(reset).raise_for_status()
+    reset_prefix_cache(embedded_server)
     after = chat(embedded_server, temperature=0, max_tokens=12)["choices"][0]["message"]["content"]
     assert after == before

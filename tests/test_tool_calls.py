@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -20,7 +19,7 @@ from ratchet.agents.model import JsonToolChatOpenAI, as_json_request, chat_model
 from ratchet.config import load_settings
 from ratchet.errors import ConfigError
 from ratchet.flows.runtime import tool_call_mode
-from ratchet.server.launcher import probe_tool_calls
+from ratchet.server.launcher import probe_tool_calls, reset_prefix_cache
 from ratchet.toolcalls import render_tools, tool_call_schema
 
 ACT = {
@@ -201,11 +200,10 @@ def test_on_the_embedded_server_json_mode_plays_the_same_game_as_native(embedded
     Each game starts from an empty prefix cache: where a prompt is split between cached and new
     tokens changes the sums' order, and a near tie between two moves can then go either way."""
     assert probe_tool_calls(embedded_server, "smollm2-135m-instruct") == "native"
-    reset = embedded_server.removesuffix("/v1") + "/reset_prefix_cache"
-    httpx.post(reset).raise_for_status()
+    reset_prefix_cache(embedded_server)
     native = _play(embedded_server, "native")
     assert all(name == "act" for game in native for name, _ in game)
-    httpx.post(reset).raise_for_status()
+    reset_prefix_cache(embedded_server)
     assert _play(embedded_server, "json") == native
 
 
