@@ -217,11 +217,13 @@ def embedded_server(
     server_args: Sequence[str] = (),
     memray: Path | None = None,
     kv_cache_mb: int | None = None,
+    kv_dtype: str = "auto",
 ) -> Any:
     """The embedded model server (`with embedded_server(dir) as url:`), its log in `logs`;
     `server_args`: more `python -m ratchet.server` flags; `memray`: run it under `memray run
     --aggregate`, writing the capture there (read it with memory_breakdown.breakdown);
-    `kv_cache_mb`: the key-value pool's budget (`model.kv_cache_mb`; None: the server's default)."""
+    `kv_cache_mb`, `kv_dtype`: the key-value pool's budget and number format (`model.kv_cache_mb`,
+    `model.kv_dtype`; None and auto: the server's defaults)."""
     from ratchet.server.launcher import EmbeddedServer
 
     runner = () if memray is None else ("-m", "memray", "run", "--aggregate", "-f", "-o", str(memray))
@@ -231,6 +233,7 @@ def embedded_server(
         logs,
         dtype=dtype,
         kv_cache_mb=kv_cache_mb,
+        kv_dtype=kv_dtype,
         server_args=tuple(server_args),
         runner=runner,
         **profiled,  # type: ignore[arg-type]

@@ -148,6 +148,7 @@ def run(args: Options) -> None:
         server_args=args.server_args,
         memray=args.memray,
         kv_cache_mb=settings.model.kv_cache_mb,  # as flows/runtime.py starts it
+        kv_dtype=settings.model.kv_dtype,
     )
     with server as url:
 

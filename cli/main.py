@@ -160,7 +160,8 @@ def serve(
         console.print(f"serving on http://127.0.0.1:{port}/v1 (Ctrl-C to stop)")
         model = settings.model
         args = ["--port", str(port), "--models-dir", str(settings.models_dir), "--max-batch", str(max_batch)]
-        args += ["--dtype", model.dtype, "--prefix-cache-mb", str(model.kv_cache_mb)]
+        args += ["--dtype", model.dtype, "--kv-dtype", model.kv_dtype]
+        args += ["--prefix-cache-mb", str(model.kv_cache_mb)]
         raise typer.Exit(server_main(args))
 
 

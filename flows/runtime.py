@@ -205,6 +205,7 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
         max_batch=settings.model.max_batch,
         dtype=settings.model.dtype,
         kv_cache_mb=settings.model.kv_cache_mb,
+        kv_dtype=settings.model.kv_dtype,
     ) as url:
         yield url
 

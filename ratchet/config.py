@@ -108,11 +108,16 @@ class ModelSettings(Section):
         "float32 elsewhere; 'float32' everywhere gives the same greedy runs on machines of one ISA",
     )
     kv_cache_mb: int = Field(
-        default=512,
+        default=384,
         ge=0,
         le=1_048_576,
         description="embedded server: memory for keys and values, the running requests' and the prefix "
         "cache's, in MiB; more only while running requests alone need it (0: no prefix caching)",
+    )
+    kv_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        default="auto",
+        description="embedded server: the number format keys and values are stored in; 'auto' is float16 "
+        "under a float32 model (half the memory a token, each rounded once) and the model's own otherwise",
     )
     tool_calls: Literal["auto", "native", "json"] = Field(
         default="auto",

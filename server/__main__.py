@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         "--prefix-cache-mb",
         type=int,
         default=None,
-        help="memory for keys and values, the running requests' and earlier prompts', in MiB (default 512; "
+        help="memory for keys and values, the running requests' and earlier prompts', in MiB (default 384; "
         "more only while running requests alone need it; 0: no prefix caching)",
     )
     p.add_argument(
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         "--prefill-chunk",
         type=int,
         default=None,
-        help="query tokens per prefill forward; longer prefills run in chunks (default 2048; 0: one forward)",
+        help="query tokens per prefill forward; longer prefills run in chunks (default 1024; 0: one forward)",
     )
     p.add_argument(
         "--shape-buckets",
@@ -46,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="prefill widths padded to this many sizes per power of two (default: 4 in bfloat16, "
         "where each distinct shape holds memory; 0 in float32, where it would only cost time)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        default="auto",
+        help="the number format keys and values are stored in (auto: float16 under a float32 model, "
+        "else the model's own)",
     )
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     args = p.parse_args(argv)
@@ -79,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         **({"release_idle_s": None} if args.keep_freed else {}),
         **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
         **({} if args.shape_buckets is None else {"shape_buckets": args.shape_buckets}),
+        **({} if args.kv_dtype == "auto" else {"kv_dtype": getattr(torch, args.kv_dtype)}),
     )
     app = create_app(engine, BASE_MODEL_NAME)
     try:

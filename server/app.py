@@ -82,6 +82,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
             **resident_mb(),
             # the key-value pool (`server.kv_pool`): its size and what running requests or the
             # prefix cache hold of it (read beside the worker: a moment's figure)
+            "kv_dtype": str(engine.kv_dtype).removeprefix("torch."),  # what the pool stores
             "kv_pool_mb": engine.pool.capacity * engine.pool.slot_bytes >> 20,
             "kv_in_use_mb": engine.pool.in_use() * engine.pool.slot_bytes >> 20,
             "prefix_cache_evictions": engine.prefix_cache.evictions,

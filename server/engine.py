@@ -74,7 +74,9 @@ RELEASE_IDLE_S = 0.5  # longer than the gap between an agent's steps, shorter th
 # runs in chunks of columns, each attending to the cache the earlier ones filled. What a forward
 # allocates beside the cache (attention masks over every key, MLP activations) grows with its
 # query tokens: a cold batch of 8 prompts of 2,000 tokens held ~0.45 GB of it in one forward.
-PREFILL_CHUNK = 2048
+# 1,024 rather than 2,048: 122 MiB off the server's peak during the README's run in bf16, in
+# the same time (bench/RESULTS.md, "the server under 1.5 GB").
+PREFILL_CHUNK = 1024
 # In bf16, a prefill's query columns and cached columns are each padded up to one of this many
 # sizes per power of two (`shape_bucket`). bf16 matmuls and attention on CPU keep kernels and
 # packed operands per distinct shape, and leave the heap in holes sized by it: during the
@@ -82,6 +84,11 @@ PREFILL_CHUNK = 2048
 # nothing per shape, and the padding would only cost time there (bench/RESULTS.md, "shape
 # buckets").
 SHAPE_BUCKETS = 4
+# Keys and values are stored in 16 bits under an fp32 model: 23 KB a token instead of 46 KB,
+# so the pool's budget holds as many tokens as in bf16. fp16, not bf16: three more bits of
+# mantissa, and the shipped model's keys and values stay under 25 in magnitude (fp16 reaches
+# 65,504). Each is rounded once, when written; attention computes in fp32 as before.
+KV_DTYPES = {torch.float32: torch.float16}
 
 
 @dataclass
@@ -127,6 +134,7 @@ class Engine:
         release_idle_s: float | None = RELEASE_IDLE_S,
         prefill_chunk: int = PREFILL_CHUNK,
         shape_buckets: int | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.dtype = dtype  # bf16 where the CPU multiplies it natively (`server.precision`)
@@ -191,8 +199,10 @@ class Engine:
         cfg = self.model.config
         heads = cfg.num_key_value_heads
         dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        shape = (cfg.num_hidden_layers, heads, dim, dtype)
-        self.pool = KVPool(*shape, capacity=prefix_cache_bytes // slot_bytes(*shape))
+        # stored in `kv_dtype` (None: `KV_DTYPES`, else the model's own), computed with in the model's
+        self.kv_dtype = kv_dtype or KV_DTYPES.get(dtype, dtype)
+        shape = (cfg.num_hidden_layers, heads, dim, self.kv_dtype)
+        self.pool = KVPool(*shape, capacity=prefix_cache_bytes // slot_bytes(*shape), compute_dtype=dtype)
         self.prefix_cache = PrefixCache(self.pool, enabled=prefix_cache_bytes > 0)
         self._queue: queue.Queue[GenRequest] = queue.Queue()
         self._lock = threading.Lock()  # held while the model runs or changes

@@ -44,8 +44,20 @@ _PINNED = 1 << 30  # the reserved slots' count: never zero
 class KVPool:
     """Keys and values by slot, per layer; `refs` counts who holds each slot."""
 
-    def __init__(self, layers: int, heads: int, dim: int, dtype: torch.dtype, capacity: int) -> None:
+    def __init__(
+        self,
+        layers: int,
+        heads: int,
+        dim: int,
+        dtype: torch.dtype,
+        capacity: int,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         self.layers, self.heads, self.dim, self.dtype = layers, heads, dim, dtype
+        # the model's number format: what `write` is given and `gather` gives back. Stored in a
+        # narrower `dtype` (fp16 under an fp32 model), a token's keys and values take half the
+        # bytes; each is rounded once, when written, and widened again when gathered.
+        self.compute_dtype = compute_dtype or dtype
         capacity = max(capacity, RESERVED + 1)
         # Empty, not zeros: pages nobody wrote are not resident; only the reserved slots are set.
         # Slot-major ([slots, heads, dim]): a gather copies one run of heads x dim per token; an
@@ -120,15 +132,16 @@ class KVPool:
         """Store `keys`/`values` [rows, heads, columns, dim] at `slots` [rows, columns]."""
         flat = slots.reshape(-1)
         for pool, new in ((self.keys[layer], keys), (self.values[layer], values)):
-            pool.index_copy_(0, flat, new.transpose(1, 2).reshape(-1, self.heads, self.dim))
+            pool.index_copy_(0, flat, new.transpose(1, 2).reshape(-1, self.heads, self.dim).to(self.dtype))
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A layer's keys and values for `slots` [rows, columns], as [rows, heads, columns, dim]
         (a strided view of one gathered copy; attention takes it as it is)."""
         rows, cols = slots.shape
         flat = slots.reshape(-1)
+        shape = (rows, cols, self.heads, self.dim)
         return tuple(  # type: ignore[return-value]
-            pool.index_select(0, flat).view(rows, cols, self.heads, self.dim).transpose(1, 2)
+            pool.index_select(0, flat).to(self.compute_dtype).view(shape).transpose(1, 2)
             for pool in (self.keys[layer], self.values[layer])
         )
 

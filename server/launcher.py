@@ -181,6 +181,7 @@ class EmbeddedServer:
         host: str = "127.0.0.1",
         dtype: Precision = "auto",
         kv_cache_mb: int | None = None,
+        kv_dtype: str = "auto",
         server_args: tuple[str, ...] = (),
         runner: tuple[str, ...] = (),
         stop_timeout_s: float = 15.0,
@@ -197,6 +198,7 @@ class EmbeddedServer:
         self.stop_signal, self.stop_timeout_s = stop_signal, stop_timeout_s
         self.dtype = dtype
         self.kv_cache_mb = kv_cache_mb  # None: the server's default
+        self.kv_dtype = kv_dtype  # the number format of stored keys and values; auto: the server's
         self.logs_dir = logs_dir
         self.host = host
         self.port = port
@@ -252,6 +254,7 @@ class EmbeddedServer:
                     "--parent-pid",
                     str(os.getpid()),
                     *([] if self.kv_cache_mb is None else ["--prefix-cache-mb", str(self.kv_cache_mb)]),
+                    *([] if self.kv_dtype == "auto" else ["--kv-dtype", self.kv_dtype]),
                     *self.server_args,
                 ],
                 stdout=log,

@@ -30,7 +30,10 @@ import torch
 
 from ratchet.server.kv_pool import KVPool
 
-DEFAULT_BYTES = 512 * 2**20  # bf16: ~22k tokens of SmolLM2-135M; fp32: half
+# ~17k tokens of SmolLM2-135M (keys and values in 16 bits): 8 agents' prompts and what they
+# share. 512 MiB held the same run's decisions with 156 MiB more resident (bench/RESULTS.md,
+# "the server under 1.5 GB").
+DEFAULT_BYTES = 384 * 2**20
 
 
 @dataclass(eq=False)

@@ -271,6 +271,33 @@ def test_bucketed_prefills_answer_as_exact_ones_in_shapes_of_few_sizes(base_mode
     assert any(past > 0 for _, past in prefills)  # a cached prefix was padded too
 
 
+def test_keys_and_values_stored_in_fp16_under_fp32_answer_as_fp32_ones(base_model_dir, engines):
+    """An fp32 model stores keys and values in fp16 by default: half the bytes a token, and on
+    these prompts (a game's steps, cache hits among them, and a long fresh prompt) the same
+    greedy tokens as an fp32 pool."""
+    from ratchet.server.engine import Engine, GenRequest
+
+    engine, _ = engines
+    assert engine.dtype == torch.float32 and engine.pool.keys[0].dtype == torch.float16  # the default
+    tok = engine.tokenizer
+    prompts = [*_conversation(tok, 5), _user_prompt(tok, "Describe the cellar and its shelves. " * 7)]
+
+    def replies(e: Engine) -> list[list[int]]:
+        return [e.generate(GenRequest(prompt_ids=p, max_tokens=12, temperature=0)).token_ids for p in prompts]
+
+    before = dict(engine.stats)
+    got = replies(engine)
+    prefilled = engine.stats["prefilled_tokens"] - before["prefilled_tokens"]
+    assert prefilled < engine.stats["prompt_tokens"] - before["prompt_tokens"]  # the steps hit the cache
+    wide = Engine(base_model_dir, kv_dtype=torch.float32)
+    try:
+        assert wide.pool.slot_bytes == 2 * engine.pool.slot_bytes
+        want = replies(wide)
+    finally:
+        wide.close()
+    assert got == want
+
+
 def test_a_prefill_in_chunks_answers_what_one_forward_does(base_model_dir, engines):
     """Rows of different widths, cache hits beside misses, chunks smaller than the shortest
     row's new tokens: the same greedy tokens as the uncached engine's single forwards, and the

@@ -53,3 +53,20 @@ def test_padding_reads_zeros_and_scratch_columns_never_reach_a_real_slot() -> No
     assert torch.equal(keys[:, :, 2:], k)
     assert torch.equal(pool.gather(0, torch.tensor([[PAD]]))[0], torch.zeros(1, 3, 1, 8))  # PAD stays zero
     assert pool.in_use() == 3
+
+
+def test_keys_and_values_stored_narrower_come_back_in_the_models_format_rounded_once() -> None:
+    """fp16 storage under an fp32 model: half the bytes a token, what attention reads is fp32,
+    each value rounded to fp16 once (as a cast would), and nothing else about it changes."""
+    wide = KVPool(layers=1, heads=3, dim=8, dtype=torch.float32, capacity=64)
+    narrow = KVPool(layers=1, heads=3, dim=8, dtype=torch.float16, capacity=64, compute_dtype=torch.float32)
+    assert narrow.slot_bytes * 2 == wide.slot_bytes
+    slots = narrow.allocate(2 * 5).view(2, 5)
+    assert torch.equal(wide.allocate(10).view(2, 5), slots)
+    k, v = _kv(2, 5, 7)
+    got = PagedCache(narrow, slots, 0).update(k, v, 0)
+    want = PagedCache(wide, slots, 0).update(k, v, 0)
+    assert all(t.dtype == torch.float32 for t in got)
+    assert torch.equal(got[0], want[0].half().float()) and torch.equal(got[1], want[1].half().float())
+    assert not torch.equal(got[0], want[0])  # it was rounded: the test would see a no-op cast
+    assert narrow.keys[0].dtype == torch.float16
