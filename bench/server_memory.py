@@ -14,14 +14,16 @@ actor asks (one prefill and almost no decode: the grammar forces the rest):
 * `release`: the server as `ratchet` starts it: after half a second idle, freed memory goes
   back to the OS (`server/memory.py`);
 * `one-forward`: every prefill in one forward (`--prefill-chunk 0`);
-* `chunked`: the server as `ratchet` starts it: prefills in forwards of at most 2,048 query
-  tokens (`server/engine.py:PREFILL_CHUNK`);
+* `chunked`, `chunk-1024`: the server as `ratchet` starts it: prefills in forwards of at most
+  1,024 query tokens (`server/engine.py:PREFILL_CHUNK`); `chunk-2048`: twice that;
 * `heap-dynamic`: glibc's default heap (its mmap threshold rises to the largest size freed);
 * `heap-mmap`: a fixed mmap threshold of `--mmap-mb` (`MALLOC_MMAP_THRESHOLD_`): larger
   allocations get their own mapping, given back to the OS when freed;
 * `heap-mmap-thp`: the same, with glibc asking for transparent huge pages
   (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`);
-* `cache-512`, `cache-384`, `cache-256`: the key-value pool's budget in MiB (512: the default).
+* `cache-512`, `cache-384`, `cache-256`: the key-value pool's budget in MiB (384: the default).
+* `kv-float32`: keys and values stored in the model's fp32 (`--kv-dtype float32`); `kv-16`:
+  the server as `ratchet` starts it, fp16 under an fp32 model (bf16: its own, both arms alike);
 * `exact-shapes`: prefills as wide as their longest row (`--shape-buckets 0`);
 * `shape-buckets`: the server as `ratchet` starts it: prefill widths and cached columns padded
   to four sizes per power of two (`server/engine.py:shape_bucket`);
@@ -31,7 +33,7 @@ actor asks (one prefill and almost no decode: the grammar forces the rest):
 * `now`: the server as `ratchet` starts it from this checkout.
 
 `--configs A B` compares two of them (the summary's ratios are B over A), each with the
-pool's default budget (but `cache-384`, `cache-256`) and two heaps (`MALLOC_ARENA_MAX=2`,
+pool's default budget (but `cache-512`, `cache-256`) and two heaps (`MALLOC_ARENA_MAX=2`,
 as `server/launcher.py` starts the server). Configurations alternate within each round (the
 machine is shared: compare within a run). The first result, `server_memory.json`, compared the prefix cache's
 old token budget with its byte budget; `server_memory_release.json` keep with release. Arms
@@ -70,13 +72,17 @@ CONFIGS = {  # server flags
     "heap-dynamic": [],
     "heap-mmap": [],
     "heap-mmap-thp": [],
-    "cache-512": [],
-    "cache-384": ["--prefix-cache-mb", "384"],
+    "cache-512": ["--prefix-cache-mb", "512"],
+    "cache-384": [],
     "cache-256": ["--prefix-cache-mb", "256"],
     "before": [],
     "now": [],
     "exact-shapes": ["--shape-buckets", "0"],
     "shape-buckets": [],
+    "chunk-2048": ["--prefill-chunk", "2048"],
+    "chunk-1024": [],
+    "kv-float32": ["--kv-dtype", "float32"],
+    "kv-16": [],
 }
 ENVS = {  # extra environment for an arm's server (`{mmap}`: `--mmap-mb` in bytes)
     # glibc serves allocations of at least this many bytes with their own mapping, given back
