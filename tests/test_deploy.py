@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.conftest import stop_process_group
 
@@ -42,37 +44,36 @@ def test_deploy_registers_the_nightly_schedule_and_a_run_executes(
     )
     api = prefect_server["PREFECT_API_URL"]
     try:
-        deployment = None
-        deadline = time.monotonic() + 120
-        while deployment is None and time.monotonic() < deadline:
-            assert serving.poll() is None, serving.stdout.read() if serving.stdout else ""
-            r = httpx.get(f"{api}/deployments/name/evolve/nightly", timeout=5)
-            deployment = r.json() if r.status_code == 200 else None
-            time.sleep(1)
-        assert deployment is not None, "evolve/nightly was never registered"
-        (schedule,) = deployment["schedules"]
-        assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["active"]
-        assert deployment["parameters"]["overrides"]["data_dir"] == str(data.resolve())
-        promote = httpx.get(f"{api}/deployments/name/promote/promote", timeout=5)
-        assert promote.status_code == 200
+        # Prefect's own client, not bare HTTP: on a loaded machine the server's SQLite is often
+        # locked for a moment and the API answers 503, which the client retries with backoff.
+        with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            deployment = None
+            deadline = time.monotonic() + 120
+            while deployment is None and time.monotonic() < deadline:
+                assert serving.poll() is None, serving.stdout.read() if serving.stdout else ""
+                try:
+                    deployment = client.read_deployment_by_name("evolve/nightly")
+                except ObjectNotFound:
+                    time.sleep(1)
+            assert deployment is not None, "evolve/nightly was never registered"
+            (schedule,) = deployment.schedules
+            assert schedule.schedule.cron == "0 2 * * *" and schedule.active
+            assert deployment.parameters["overrides"]["data_dir"] == str(data.resolve())
+            assert client.read_deployment_by_name("promote/promote").name == "promote"
 
-        # run it once now (generation 0 only: the baseline evaluation), as the schedule would
-        created = httpx.post(
-            f"{api}/deployments/{deployment['id']}/create_flow_run",
-            json={"parameters": {"generations": 0}},
-            timeout=10,
-        ).json()
-        state = None
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            state = httpx.get(f"{api}/flow_runs/{created['id']}", timeout=5).json()["state"]["type"]
-            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-                break
-            time.sleep(2)
-        assert state == "COMPLETED", state
-        journal = json.loads((data / "evolutions" / "default.json").read_text())
-        assert [(s["generation"], s["stage"]) for s in journal["stages"]] == [(0, "evaluate")]
-        assert journal["stages"][0]["summary"]["n"] == 2
+            # run it once now (generation 0 only: the baseline evaluation), as the schedule would
+            created = client.create_flow_run_from_deployment(deployment.id, parameters={"generations": 0})
+            state = None
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                state = client.read_flow_run(created.id).state
+                if state is not None and state.is_final():
+                    break
+                time.sleep(2)
+            assert state is not None and state.is_completed(), state
+            journal = json.loads((data / "evolutions" / "default.json").read_text())
+            assert [(s["generation"], s["stage"]) for s in journal["stages"]] == [(0, "evaluate")]
+            assert journal["stages"][0]["summary"]["n"] == 2
     finally:
         stop_process_group(serving)
 
@@ -106,13 +107,14 @@ def test_prefect_yaml_deploys_to_a_work_pool(prefect_server: dict[str, str], tmp
     assert run("work-pool", "create", "ratchet", "--type", "process").returncode == 0
     out = run("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    api = prefect_server["PREFECT_API_URL"]
-    nightly = httpx.get(f"{api}/deployments/name/evolve/nightly", timeout=5).json()
-    assert nightly["work_pool_name"] == "ratchet" and nightly["entrypoint"] == "flows/evolve.py:evolve_flow"
-    assert nightly["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
-    assert nightly["parameters"] == {"config": str(tmp_path / "ratchet.toml")}
-    promote = httpx.get(f"{api}/deployments/name/promote/promote", timeout=5).json()
-    assert promote["entrypoint"] == "flows/promote.py:promote_flow" and not promote["schedules"]
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server["PREFECT_API_URL"]}):
+        with get_client(sync_client=True) as client:
+            nightly = client.read_deployment_by_name("evolve/nightly")
+            promote = client.read_deployment_by_name("promote/promote")
+    assert nightly.work_pool_name == "ratchet" and nightly.entrypoint == "flows/evolve.py:evolve_flow"
+    assert nightly.schedules[0].schedule.cron == "0 2 * * *"
+    assert nightly.parameters == {"config": str(tmp_path / "ratchet.toml")}
+    assert promote.entrypoint == "flows/promote.py:promote_flow" and not promote.schedules
 
 
 def test_the_deployments_are_declared_once_in_prefect_yaml() -> None:
