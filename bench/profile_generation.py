@@ -164,7 +164,14 @@ def run(args: Options) -> None:
                 row["client"] = {k: v - client.get(k, 0.0) for k, v in now.items() if v - client.get(k, 0.0)}
                 row["tokens"] = {
                     k: after.get(k, 0) - before.get(k, 0)
-                    for k in ("prompt_tokens", "prefilled_tokens", "generated_tokens", "requests")
+                    for k in (
+                        "prompt_tokens",
+                        "prefilled_tokens",
+                        "generated_tokens",
+                        "requests",
+                        "attended_pairs",
+                        "attended_needed",
+                    )
                 }
                 memory = ("rss_mb", "peak_rss_mb", "kv_pool_mb", "kv_in_use_mb")  # the pool: grown? held?
                 row["server_memory_mb"] = {k: after[k] for k in memory if k in after}

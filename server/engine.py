@@ -183,6 +183,10 @@ class Engine:
             "prompt_tokens": 0,
             "prefilled_tokens": 0,
             "prefill_slots": 0,  # rows x width of every prefill forward: prefilled tokens plus padding
+            # query x key pairs attention computed, and those a row's own tokens needed (the rest
+            # is padding: rows of one batch share the widest row's columns)
+            "attended_pairs": 0,
+            "attended_needed": 0,
             # where the worker's time goes (bench/profile_generation.py): the model's forwards,
             # grammar masks and matching, and KV bookkeeping (prefix cache, merging rows in and out)
             "busy_seconds": 0.0,
@@ -555,6 +559,8 @@ class Engine:
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["prefilled_tokens"] += sum(news)
         self.stats["prefill_slots"] += n * width
+        self.stats["attended_pairs"] += n * width * (past + width)
+        self.stats["attended_needed"] += sum(s * (m + s) for s, (m, _) in zip(news, hits, strict=True))
         next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         return slots, attn, next_pos, out.logits[:, -1, :].float()
 
@@ -696,6 +702,8 @@ class Engine:
                 use_cache=True,
             )
         self.stats["forward_steps"] += 1
+        self.stats["attended_pairs"] += b.attn.numel()
+        self.stats["attended_needed"] += int(b.attn.sum())
         b.logits = out.logits[:, -1, :].float()
         b.pos = b.pos + 1
         return b

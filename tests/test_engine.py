@@ -181,22 +181,28 @@ def test_grouped_prefill_pads_less_and_answers_the_same(base_model_dir, engines)
         plain.generate(GenRequest(prompt_ids=p, max_tokens=6, temperature=0)).token_ids
         for p in [*steps[1:], fresh]
     ]
-    slots = {}
+    slots, pairs, needed = {}, {}, {}
     for grouped in (True, False):
         engine = Engine(base_model_dir, group_prefill=grouped, batch_wait_s=0.2)
         try:
             for p in steps[:-1]:  # each step's prefix is cached, as in a rollout
                 engine.generate(GenRequest(prompt_ids=p, max_tokens=1, temperature=0))
-            before = engine.stats["prefill_slots"]
+            before = dict(engine.stats)
             futures = [
                 engine.submit(GenRequest(prompt_ids=p, max_tokens=6, temperature=0))
                 for p in [*steps[1:], fresh]
             ]
             assert [f.result().token_ids for f in futures] == want
-            slots[grouped] = engine.stats["prefill_slots"] - before
+            slots[grouped] = engine.stats["prefill_slots"] - before["prefill_slots"]
+            pairs[grouped] = engine.stats["attended_pairs"] - before["attended_pairs"]
+            needed[grouped] = engine.stats["attended_needed"] - before["attended_needed"]
         finally:
             engine.close()
     assert slots[True] * 2 < slots[False]
+    # attention's query x key pairs: what the rows needed is the same either way (the same
+    # prompts over the same cached prefixes, the same replies); grouping computes less padding
+    assert needed[True] == needed[False] > 0
+    assert needed[True] <= pairs[True] < pairs[False]
 
 
 def test_prefill_chunks_cover_the_width_within_the_budget():
