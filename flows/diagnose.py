@@ -2,12 +2,13 @@
 
 Each failure is diagnosed by the `diagnoser` graph against the successful trajectories
 (agent and expert) of the same task; the judge's model calls run as Prefect tasks with
-the rollouts' retry rule. Diagnoses are stored beside their trajectories, so a rerun only
-diagnoses what is missing. Then every diagnosis of the generation is keyed by what failed
-(`diagnosis/keys.py`: mode, tool, argument problems, error class, never the task's own
-values), its key's text embedded into the `failures` Chroma collection, and clustered;
-counts by mode, the judge answers discarded, the clusters and a plot go to the
-generation's MLflow run.
+the rollouts' retry rule. The judge reads at most `diagnose.judge_max` failures per
+family, one of each task in turn (`judged_first`); the others are diagnosed without it.
+Diagnoses are stored beside their trajectories, so a rerun only diagnoses what is missing.
+Then every diagnosis of the generation is keyed by what failed (`diagnosis/keys.py`: mode,
+tool, argument problems, error class, never the task's own values), its key's text
+embedded into the `failures` Chroma collection, and clustered; counts by mode, the judge
+answers discarded, the clusters and a plot go to the generation's MLflow run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 import mlflow
@@ -32,7 +34,7 @@ from ratchet.flows.progress import report
 from ratchet.flows.rollouts import MODEL_CALL
 from ratchet.flows.runtime import LoopRuntime, open_runtime
 from ratchet.memory.vector_index import VectorIndex
-from ratchet.types import FAILURE_MODES, Diagnosis, Trajectory
+from ratchet.types import FAILURE_MODES, Diagnosis, Trajectory, family_of
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -47,6 +49,7 @@ class DiagnoseResult:
     # judge answers of this run given no cause, by reason ('says nothing', 'quotes the
     # evidence', 'no answer'): a judge that copies its prompt shows here, not as '...' causes
     discarded: dict[str, int] = field(default_factory=dict)
+    judged: int = 0  # of `diagnosed`, those the judge read (`diagnose.judge_max`)
 
     @property
     def judge_discarded(self) -> int:
@@ -57,6 +60,7 @@ class DiagnoseResult:
         return {
             "failures": self.failures,
             "diagnosed": self.diagnosed,
+            "judged": self.judged,
             "by_mode": self.by_mode,
             "clusters": len(self.clusters),
             "judge_discarded": self.judge_discarded,
@@ -86,9 +90,18 @@ def diagnose_stage(rt: LoopRuntime, generation: int) -> DiagnoseResult:
     todo = [t for t in failures if t.id not in stored]
     judge = rt.teacher if s.diagnose.judge else None
     diagnoser = build_diagnoser(judge, s.teacher.name or s.model.name)
+    chosen = judged_first(failures, s.diagnose.judge_max) if judge is not None else set()
+    unjudged = build_diagnoser(None)
     report("diagnose", len(failures) - len(todo), len(failures))
-    futures = [diagnose_task.submit(diagnoser, t, successes[t.task_id]) for t in todo]
     done = len(failures) - len(todo)
+    for t in todo:  # no model call: diagnosed here, in order
+        if t.id not in chosen:
+            rt.store.put_diagnoses([judged(unjudged, t, successes[t.task_id])[0]])
+            faults.point("diagnosis.stored")
+            done += 1
+    report("diagnose", done, len(failures))
+    to_judge = [t for t in todo if t.id in chosen]
+    futures = [diagnose_task.submit(diagnoser, t, successes[t.task_id]) for t in to_judge]
     discarded: Counter[str] = Counter()
     for future in as_completed(futures) if futures else ():
         diagnosis, why = future.result()
@@ -101,10 +114,30 @@ def diagnose_stage(rt: LoopRuntime, generation: int) -> DiagnoseResult:
     diagnoses = [d for d in rt.store.diagnoses(s.evolution, generation) if d.trajectory_id in failed]
     clusters = cluster_failures(rt, diagnoses, generation, rows)
     by_mode = dict(Counter(d.mode for d in diagnoses))
-    result = DiagnoseResult(len(failures), len(todo), by_mode, clusters, dict(sorted(discarded.items())))
+    result = DiagnoseResult(
+        len(failures), len(todo), by_mode, clusters, dict(sorted(discarded.items())), len(to_judge)
+    )
     if mlflow.active_run() is not None:
         _log(result, diagnoses)
     return result
+
+
+def judged_first(failures: Sequence[Trajectory], limit: int) -> set[str]:
+    """Ids of the failures the judge reads: in each family, the first failure of every task
+    (tasks and rollouts in order), then every task's second, and so on, until `limit` of
+    the family's are taken (0: all). Spread over tasks, so a task that failed four times
+    does not take the budget a guardrail needs from the others; the same ids on a rerun."""
+    if limit <= 0:
+        return {t.id for t in failures}
+    by_family: dict[str, dict[str, list[Trajectory]]] = defaultdict(lambda: defaultdict(list))
+    for t in sorted(failures, key=lambda t: (t.task_id, t.rollout, t.id)):
+        by_family[family_of(t.task_id)][t.task_id].append(t)
+    chosen: set[str] = set()
+    for tasks in by_family.values():
+        turns = zip_longest(*tasks.values())
+        order = [t for turn in turns for t in turn if t is not None]
+        chosen.update(t.id for t in order[:limit])
+    return chosen
 
 
 def cluster_failures(

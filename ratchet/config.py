@@ -182,6 +182,18 @@ class TeacherSettings(Section):
 
 class DiagnoseSettings(Section):
     judge: bool = Field(default=True, description="ask the teacher for each failure's cause in words")
+    # A guardrail's writer reads at most 5 causes of its cluster (agents/distiller.py), and
+    # the embedded judge's answers are mostly discarded (65 of 82 in the headline's first
+    # generation, where judging every failure took 2.3 of its 20 min): past a few per task
+    # the judge adds time, not evidence. The failures it skips keep their mode, step and
+    # attribution, which is what clusters and the rules are built on.
+    judge_max: int = Field(
+        default=24,
+        ge=0,
+        le=MANY,
+        description="failures the judge reads per generation and family, one of each task in "
+        "turn (0: every failure)",
+    )
     cluster_similarity: float = Field(
         default=0.8, gt=0, le=1, description="cosine similarity for two diagnoses to share a cluster"
     )

@@ -14,7 +14,7 @@ from ratchet.agents.distiller import GuardrailJob, ProcedureJob, build_distiller
 from ratchet.agents.testing import ScriptedChatModel
 from ratchet.agents.toolsmith import MacroJob, build_toolsmith, macro_source
 from ratchet.config import load_settings
-from ratchet.flows.diagnose import diagnose_stage
+from ratchet.flows.diagnose import diagnose_stage, judged_first
 from ratchet.flows.distill import distill_stage, function_job
 from ratchet.flows.runtime import LoopRuntime
 from ratchet.memory.trajectory_store import open_store
@@ -364,6 +364,51 @@ def test_stage_reruns_diagnose_only_what_is_missing(tmp_path: Path) -> None:
     second = _in_flow(diagnose_stage, rt, 0)
     assert (first.diagnosed, second.diagnosed) == (3, 0)
     assert all(isinstance(d, Diagnosis) and d.cluster for d in rt.store.diagnoses("e", 0))
+
+
+def _failures(tasks: dict[str, int]) -> list:
+    """`n` failed rollouts of each task id, ids `<task>#<rollout>`."""
+    out = []
+    for task, n in tasks.items():
+        for r in range(n):
+            t = traj(["inventory"] * 3, success=False, done=False, max_steps=3, task=task, tid=f"{task}#{r}")
+            out.append(t.model_copy(update={"rollout": r}))
+    return out
+
+
+def test_the_judge_budget_goes_to_every_task_in_turn_per_family() -> None:
+    coin = {f"textworld-express:coin:train:{i}": n for i, n in ((1, 4), (2, 1), (3, 2))}
+    logic = {"reasoning-gym:propositional_logic:train:7": 3}
+    failures = _failures(coin | logic)[::-1]  # the store's order must not matter
+    chosen = judged_first(failures, 4)
+    # coin: each task's first rollout, then the second of the tasks that have one; logic apart
+    assert chosen == {
+        "textworld-express:coin:train:1#0",
+        "textworld-express:coin:train:2#0",
+        "textworld-express:coin:train:3#0",
+        "textworld-express:coin:train:1#1",
+        *(f"reasoning-gym:propositional_logic:train:7#{r}" for r in range(3)),
+    }
+    assert judged_first(failures, 0) == judged_first(failures, 100) == {t.id for t in failures}
+    assert judged_first([], 3) == set()
+
+
+def test_the_stage_asks_the_judge_only_within_its_budget_and_a_rerun_asks_nothing(tmp_path: Path) -> None:
+    teacher = ScriptedChatModel(
+        script=lambda messages, tools: AIMessage(content=json.dumps({"cause": "It kept checking its bag."}))
+    )
+    rt = _runtime(tmp_path, teacher)
+    rt.settings.diagnose.judge_max = 2
+    failures = _failures({f"textworld-express:coin:train:{i}": 2 for i in (1, 2, 3)})
+    for t in failures:
+        rt.store.put(t)
+    first = _in_flow(diagnose_stage, rt, 0)
+    assert (first.failures, first.diagnosed, first.judged) == (6, 6, 2) and len(teacher.calls) == 2
+    causes = {d.trajectory_id: d.cause for d in rt.store.diagnoses("e", 0)}
+    assert {i for i, c in causes.items() if c} == judged_first(failures, 2)
+    assert all(d.mode == "stagnation" and d.cluster for d in rt.store.diagnoses("e", 0))
+    again = _in_flow(diagnose_stage, rt, 0)
+    assert (again.diagnosed, again.judged) == (0, 0) and len(teacher.calls) == 2
 
 
 @pytest.mark.parametrize(
