@@ -24,13 +24,9 @@ Writes bench/results/<name>.json.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 
-from bench.harness import option, write_result
+from bench.harness import child_json, option, write_result
 
 MKL_ENVS = {
     "MKL_CBWR=AVX512": {"MKL_CBWR": "AVX512"},
@@ -81,14 +77,7 @@ print(json.dumps(out))
 
 
 def measure(paths: list[str], rounds: int, env: dict[str, str]) -> dict[str, dict[str, float]]:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(rounds), ",".join(paths)],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(CHILD, str(rounds), ",".join(paths), env=env)
 
 
 @dataclass

@@ -17,12 +17,9 @@ Writes bench/results/<name>.json.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 
-from bench.harness import option, write_result
+from bench.harness import child_json, option, write_result
 
 ISAS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
 CHILD = """
@@ -43,11 +40,7 @@ print(json.dumps(out))
 
 
 def measure(isa: str, rounds: int) -> dict[str, float]:
-    env = {**os.environ, **ISAS[isa]}
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(rounds)], env=env, capture_output=True, text=True, check=True
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(CHILD, str(rounds), env=ISAS[isa])
 
 
 @dataclass

@@ -277,6 +277,22 @@ def write_result(
     return out
 
 
+def child_json(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Run `code` in a fresh Python (`args` as its argv, `env` added to this environment) and
+    return the JSON its last printed line holds: a measurement that must not share a process
+    with another (a library's dispatch read once at load, an ISA limit, a warm allocator)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # ----------------------------------------------------------------------------- statistics
 
 

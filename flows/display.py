@@ -77,7 +77,8 @@ def diagnose(console: Console, result: Any) -> None:
     modes = ", ".join(f"{m} {n}" for m, n in sorted(result.by_mode.items(), key=lambda kv: -kv[1]))
     big = [c for c in result.clusters if c.size > 1]
     console.print(
-        f"diagnosed {result.failures} failures ({result.diagnosed} new): {modes or 'none'}; "
+        f"diagnosed {result.failures} failures ({result.diagnosed} new, {result.judged} read by the "
+        f"judge): {modes or 'none'}; "
         f"{len(result.clusters)} clusters, {len(big)} with 2+ members · see `ratchet failures`",
         soft_wrap=True,
     )
