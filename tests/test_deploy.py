@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -47,19 +48,22 @@ def test_deploy_registers_the_nightly_schedule_and_a_run_executes(
         # Prefect's own client, not bare HTTP: on a loaded machine the server's SQLite is often
         # locked for a moment and the API answers 503, which the client retries with backoff.
         with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            deployment = None
+            # `serve` registers the two one after the other: wait for both
+            found: dict[str, Any] = {}
             deadline = time.monotonic() + 120
-            while deployment is None and time.monotonic() < deadline:
+            while len(found) < 2 and time.monotonic() < deadline:
                 assert serving.poll() is None, serving.stdout.read() if serving.stdout else ""
-                try:
-                    deployment = client.read_deployment_by_name("evolve/nightly")
-                except ObjectNotFound:
-                    time.sleep(1)
-            assert deployment is not None, "evolve/nightly was never registered"
+                for name in {"evolve/nightly", "promote/promote"} - found.keys():
+                    try:
+                        found[name] = client.read_deployment_by_name(name)
+                    except ObjectNotFound:
+                        time.sleep(1)
+            assert sorted(found) == ["evolve/nightly", "promote/promote"], f"registered only {sorted(found)}"
+            deployment = found["evolve/nightly"]
             (schedule,) = deployment.schedules
             assert schedule.schedule.cron == "0 2 * * *" and schedule.active
             assert deployment.parameters["overrides"]["data_dir"] == str(data.resolve())
-            assert client.read_deployment_by_name("promote/promote").name == "promote"
+            assert not found["promote/promote"].schedules
 
             # run it once now (generation 0 only: the baseline evaluation), as the schedule would
             created = client.create_flow_run_from_deployment(deployment.id, parameters={"generations": 0})
