@@ -8,7 +8,8 @@ nothing. Decode already avoids it by folding the single query token's head group
 query axis (`pack_gqa`); this does the same for any query length: the g query heads that
 share a key/value head become g blocks of query rows attending to that one head, with the
 row mask repeated per block. Every query row sees the same keys, values and mask as before,
-so the result is the same attention, computed over 3 heads instead of 9 copies.
+so the result is the same attention, computed over 3 heads instead of 9 copies. The repeated
+mask, additive (-inf/0), is made once per forward and shared by its 30 layers (`folded_mask`).
 
 Registered with transformers' `AttentionInterface` as `ratchet_sdpa`, with `sdpa`'s masks;
 cases it does not cover (no mask, no grouping, a mask per head) go to transformers' own
