@@ -48,6 +48,8 @@ ADVICE: dict[FailureMode, str] = {
     "unknown": "",
 }
 
+GUARDRAIL_CAUSES = 5  # the judge's causes a guardrail's writer reads from its cluster
+
 
 STEP_MAX = 200
 
@@ -280,7 +282,7 @@ def writer_messages(state: DistillerState) -> list[Any]:
         evidence = "\n".join(f"- {p.describe()} (tasks: {p.tasks})" for p in job.patterns)
         ask = f"Write a procedure skill for {job.family} tasks from these action patterns of successful runs."
     else:
-        causes = [d.cause for d in job.members if d.cause][:5]
+        causes = [d.cause for d in job.members if d.cause][:GUARDRAIL_CAUSES]
         what = [f"- what failed: {job.key.describe()}"] if job.key is not None else []
         evidence = "\n".join(
             [f"- failure mode: {job.mode} ({len(job.members)} runs)", *what, *[f"- {c}" for c in causes]]

@@ -38,6 +38,7 @@ class Options:
 
 
 def _arm(source: Path, work: Path, budget: int, opts: Options, url: str) -> dict[str, Any]:
+    from ratchet.agents.distiller import GUARDRAIL_CAUSES
     from ratchet.flows.diagnose import diagnose_flow
     from ratchet.server.launcher import reset_prefix_cache
 
@@ -58,7 +59,7 @@ def _arm(source: Path, work: Path, budget: int, opts: Options, url: str) -> dict
             "mode": c.mode,
             "size": c.size,
             "key": c.key.describe() if c.key else "",
-            "causes": [d.cause for d in c.members if d.cause][:5],
+            "causes": [d.cause for d in c.members if d.cause][:GUARDRAIL_CAUSES],
         }
         for c in sorted(result.clusters, key=lambda c: -c.size)
     ]
