@@ -32,7 +32,10 @@ Evidence is counted in distinct *tasks*: many rollouts of one task are one piece
   every state of the family has: the rule picks the tool at such a state and lets go after.
   Where the states share no such word (one request in several phrasings), they are split
   greedily by the word found in the most tasks' states, one rule per group of `min_tasks`
-  tasks or more. Only for a tool no kept pattern already covers; dropped like a pattern
+  tasks or more. A `when` must be specific: words found where successful runs called another
+  tool, in more than `TAKEN_SHARE` as many tasks as the rule acts for, are passed over ('what'
+  of "What is the UTC offset of ..." is also in "What is the weather in ...").
+  Only for a tool no kept pattern already covers; dropped like a pattern
   when failures called the tool where successes called another one too often (a failure
   that called it with wrong arguments where successes called it too is no evidence
   against choosing it).
@@ -312,23 +315,26 @@ def _prefer_tool_rules(
             if _tool(d.attribution.taken) == tool  # type: ignore[union-attr]
         ]
         states = [_state(by_id.get(d.trajectory_id), d) for d in support]
+        elsewhere = _other_tool_states(tool, successes)
         # one rule per group of states that share words: a tool asked for in several phrasings
         # ("Which time zone is ...", "What is the UTC offset of ...") gets one per phrasing; a
         # group with no word of its own is dropped (forced at every state, the tool would be
         # all the policy ever calls)
-        groups = _word_groups(support, states, background, min_tasks)
+        groups = _word_groups(support, states, background, min_tasks, elsewhere)
         for when, group in groups:
             tasks = {d.task_id for d in group}
             also_taken = {task for task, seen in against if seen is None or set(when) <= _words(seen)}
             if len(also_taken) > TAKEN_SHARE * len(tasks):
                 continue
+            forced_wrong = _tasks_matching(when, elsewhere)
             failed, wins, instead = _evidence(pattern, group, successes, tasks, _tool)
             description = (
                 f"Prefer the tool `{tool}`: when the observation mentions "
                 f"{' and '.join(repr(w) for w in when)}, call `{tool}` rather than another tool. "
                 f"Evidence from {family} train runs: in {len(tasks)} tasks, {len(failed)} failed runs "
                 f"called `{instead}` where successful runs called `{tool}`; failures called it where "
-                f"successful runs called another tool in {len(also_taken)} tasks."
+                f"successful runs called another tool in {len(also_taken)} tasks, and successful "
+                f"runs called another tool at a state with these words in {len(forced_wrong)}."
             )
             # one group keeps the tool's name; several are told apart by their words
             name = rule_name(family, "prefer", pattern if len(groups) == 1 else f"{tool} {' '.join(when)}")
@@ -338,16 +344,26 @@ def _prefer_tool_rules(
 
 
 def _word_groups(
-    support: list[Diagnosis], states: list[str | None], background: list[str], min_tasks: int
+    support: list[Diagnosis],
+    states: list[str | None],
+    background: list[str],
+    min_tasks: int,
+    elsewhere: list[tuple[str, set[str]]],
 ) -> list[tuple[tuple[str, ...], list[Diagnosis]]]:
     """The supporting diagnoses as groups whose states share words (`_state_words`): all of
-    them if they do; else, greedily, the word (4+ letters, not in every state of the family)
-    found in the states of the most tasks, and those states' shared words, then the same for
-    the rest, while a group holds `min_tasks` tasks. () if any state is unknown."""
+    them if they do and those words are specific (`_specific`); else, greedily, the specific
+    word (4+ letters, not in every state of the family) found in the states of the most
+    tasks, with those states' shared words, then the same for the rest, while a group holds
+    `min_tasks` tasks. () if any state is unknown.
+
+    Specific, because a `when` acts wherever its words are: 'what' is in the time-zone
+    request "What is the UTC offset of ..." and in "What is the weather in ...", so a
+    time-zone rule on 'what' would force the wrong tool on weather requests, where one on
+    'offset' would not."""
     if any(s is None for s in states):
         return []
     whole = _state_words(states, background)
-    if whole:
+    if whole and _specific(whole, {d.task_id for d in support}, elsewhere):
         return [(whole, support)]
     everywhere = _everywhere(background)
     left = list(zip(support, [str(s) for s in states], strict=True))
@@ -358,15 +374,44 @@ def _word_groups(
             for w in _words(s) - everywhere:
                 if _when_word(w):
                     tasks_with[w].add(d.task_id)
-        if not tasks_with:
+        specific = [w for w in sorted(tasks_with) if _specific((w,), tasks_with[w], elsewhere)]
+        if not specific:
             break
-        best = max(sorted(tasks_with), key=lambda w: len(tasks_with[w]))
+        best = max(specific, key=lambda w: len(tasks_with[w]))
         if len(tasks_with[best]) < min_tasks:
             break
         group = [(d, s) for d, s in left if best in _words(s)]
-        out.append((_state_words([s for _, s in group], background), [d for d, _ in group]))
+        when = _state_words([s for _, s in group], background)
+        if best not in when:  # more shared words than a `when` keeps: keep the chosen one
+            when = when[: WHEN_MAX - 1] + (best,)
+        out.append((when, [d for d, _ in group]))
         left = [(d, s) for d, s in left if best not in _words(s)]
     return out
+
+
+def _other_tool_states(tool: str, successes: list[Trajectory]) -> list[tuple[str, set[str]]]:
+    """(task, the words of the raw observation) wherever a successful run called another tool
+    than `tool`: a rule for `tool` acting there would force the wrong call."""
+    out: list[tuple[str, set[str]]] = []
+    for t in successes:
+        for pos, step in enumerate(t.steps):
+            action = normalize_action(step)
+            if action is None or _tool(action) == tool:
+                continue
+            if (raw := _raw_at(t, pos)) is not None:
+                out.append((t.task_id, _words(raw)))
+    return out
+
+
+def _tasks_matching(when: tuple[str, ...], states: list[tuple[str, set[str]]]) -> set[str]:
+    """The tasks of the states that hold every word of `when` (where a rule would act)."""
+    return {task for task, words in states if set(when) <= words}
+
+
+def _specific(when: tuple[str, ...], tasks: set[str], elsewhere: list[tuple[str, set[str]]]) -> bool:
+    """Whether a `when` acting for `tasks` acts where successful runs called another tool in
+    at most `TAKEN_SHARE` as many tasks."""
+    return len(_tasks_matching(when, elsewhere)) <= TAKEN_SHARE * len(tasks)
 
 
 def _state_words(states: list[str | None], background: list[str]) -> tuple[str, ...]:

@@ -456,6 +456,65 @@ def test_a_tool_asked_for_in_two_phrasings_gets_a_rule_per_phrasing() -> None:
     assert len(alone) == 1 and "facts" not in alone[0].spec.when and alone[0].support == 2
 
 
+def answered_at_once(n: int, ask: str) -> Trajectory:
+    """A success that answers the question straight away (another tool than the calculator,
+    at the question itself): where a calculator rule must not act."""
+    question = ask.format(n=n)
+    win = traj(
+        [f"x{n}"],
+        success=True,
+        task=task(n, family=LOGIC),
+        tool="answer",
+        arg="answer",
+        observations=[question],
+        results=["correct"],
+    )
+    seen = PromptRecord(system="", task="", first_observation=question, window=8)
+    return win.model_copy(update={"prompt": seen})
+
+
+def test_a_phrasing_word_other_requests_share_is_not_a_rule_s_when() -> None:
+    """Time-zone requests in three phrasings, weather requests that successes answer with
+    another tool. 'what' is in more of the failing requests than 'zone' (5 against 4), but
+    it is also in every weather request: a rule on 'what' would force the time-zone tool on
+    them. The split takes the words only the time-zone requests have."""
+    cities = ["Oslo", "Lima", "Rome", "Cairo", "Perth", "Quito", "Dublin", "Athens", "Tokyo", "Seoul"]
+    asks = {
+        "What is the UTC offset of {c}?": [1, 2, 3],
+        "What time zone does {c} use?": [4, 5],
+        "Which time zone is {c} in?": [6, 7],
+    }
+    trajs, diags = [], []
+    for ask, ns in asks.items():
+        for n in ns:
+            t, d = logic_task(n, ask=ask.replace("{c}", cities[n]))
+            trajs, diags = trajs + t, diags + d
+    weather = [answered_at_once(n, f"What is the weather in {cities[n]} right now?") for n in (8, 9)]
+    tool = [r for r in mine_rules(LOGIC, trajs + weather, diags, min_tasks=2) if r.kind == "prefer-tool"]
+    assert sorted(sorted(r.spec.when) for r in tool) == [["offset", "what"], ["time", "zone"]], tool
+    assert sorted(r.support for r in tool) == [3, 4]
+    from ratchet.skills.rules import constrain_tools
+    from ratchet.types import ToolSpec
+
+    free = [
+        ToolSpec(
+            name=n, description=n, parameters={"type": "object", "properties": {"x": {"type": "string"}}}
+        )
+        for n in ("calculator", "answer")
+    ]
+    specs = [r.spec for r in tool]
+    assert [t.name for t in constrain_tools(free, specs, "What is the weather in Oslo right now?")[0]] == [
+        "calculator",
+        "answer",
+    ]
+    for ask in asks:
+        forced = constrain_tools(free, specs, ask.replace("{c}", "Hanoi"))[0]
+        assert [t.name for t in forced] == ["calculator"]
+    # without the weather successes nothing tells 'what' apart, and it is chosen as before
+    alone = mine_rules(LOGIC, trajs, diags, min_tasks=2)
+    assert any(r.spec.when == ("what",) for r in alone if r.kind == "prefer-tool")
+
+
 def test_no_tool_choice_rule_where_the_failures_used_the_tool_as_well() -> None:
     trajs, diags = logic_tasks([1, 2, 3], first_fail="calculator")  # they calculated too, and failed
     assert not [r for r in mine_rules(LOGIC, trajs, diags, min_tasks=2) if r.kind == "prefer-tool"]
