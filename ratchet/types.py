@@ -286,6 +286,11 @@ class ArgConstraint(BaseModel):
         description="a from-context string's letters: upper (EUR), title (each word capitalized: New York)",
     )
     integer: bool = Field(default=False, description="a number is whole")
+    whole_line: bool = Field(
+        default=False,
+        description="a from-context string is a whole line of what the agent has read, a list's "
+        "marker dropped (a premise restated), not a span of its words",
+    )
 
 
 class ConstraintSpec(BaseModel):

@@ -15,6 +15,10 @@ arguments of the shape that succeeded:
   `New York`) and to their length where every success had the same one (a code); a number
   argument, an `enum` of its numbers. Where there would be more than `ENUM_MAX` values the
   argument is left as it was.
+* `whole_line`: every successful string (all but one, as above) was a whole line of what the
+  agent had read, its list marker dropped (`lines`: the premise `(Q ∧ P)` of "2. (Q ∧ P)",
+  which is not words alone): the `enum` is those lines. Where the values were both lines
+  and spans, lines win, as the narrower menu.
 * `max_length`: a string ends at twice the longest successful value (the grammar enforces
   `maxLength`), when that is shorter than the schema's own bound.
 * `integer`: a number whose successful values were all whole becomes `"type": "integer"`.
@@ -65,6 +69,20 @@ def spans(texts: Sequence[str], max_words: int = SPAN_WORDS) -> list[str]:
     return list(out)
 
 
+_LIST_MARK = re.compile(r"^[\s.\-*•]*(?:\d+[.)](?=\s|$))?\s*")  # "1. ", ".2. ", "- ", "* "
+
+
+def lines(texts: Sequence[str]) -> list[str]:
+    """Every non-empty line of each text, its list marker ("1.", "- ") and outer spaces
+    dropped and inner runs of spaces made one, first occurrence first."""
+    out: dict[str, None] = {}
+    for text in texts:
+        for line in text.splitlines():
+            if seg := " ".join(_LIST_MARK.sub("", line).split()):
+                out.setdefault(seg, None)
+    return list(out)
+
+
 def numbers(texts: Sequence[str]) -> list[float | int]:
     """The numbers written in `texts`, first occurrence first (whole ones as int)."""
     out: dict[float | int, None] = {}
@@ -102,6 +120,13 @@ def _as_read(value: Any, texts: Sequence[str]) -> str | None:
     return next((s for s in spans(texts) if s.lower() == want), None)
 
 
+def _as_line(value: Any, texts: Sequence[str]) -> str | None:
+    """The line of `texts` (`lines`) a string value restated whole, spaces aside."""
+    if not isinstance(value, str) or not (want := " ".join(value.split())):
+        return None
+    return want if want in lines(texts) else None
+
+
 # ------------------------------------------------------------------------------ applying
 
 _SHAPES = {
@@ -124,10 +149,11 @@ def _narrow(prop: dict[str, Any], rule: ArgConstraint, found: _Read) -> dict[str
     kind = prop.get("type")
     if rule.from_context and kind == "string":
         lo = max(prop.get("minLength", 0), rule.min_length or 0)
-        hi = prop.get("maxLength", 1 << 30)
+        hi = min(prop.get("maxLength", 1 << 30), rule.max_length or 1 << 30)  # the bound set below
         shape = _SHAPES.get(rule.shape or "")
+        read = found.lines if rule.whole_line else found.spans
         fits = [  # the schema's own bounds hold, and the shape successes had
-            v for v in found.spans if lo <= len(v) <= hi and (shape is None or shape.fullmatch(v))
+            v for v in read if lo <= len(v) <= hi and (shape is None or shape.fullmatch(v))
         ]
         if 0 < len(fits) <= ENUM_MAX:
             new["enum"] = fits
@@ -152,6 +178,10 @@ class _Read:
     @cached_property
     def spans(self) -> list[str]:
         return spans(self.context)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return lines(self.context)
 
     @cached_property
     def numbers(self) -> list[float | int]:
@@ -263,6 +293,9 @@ def _mine_arg(calls: Sequence[tuple[Any, list[str]]]) -> ArgConstraint | None:
         # the shape of what was copied, as the text wrote it: a success may have lowercased
         # "Paris" (the suite compared without case), the enum offers the text's spelling
         read = [_as_read(v, ctx) for v, ctx in calls]
+        whole = [_as_line(v, ctx) for v, ctx in calls]
+        if _copied([w is not None for w in whole]):  # the narrower menu of the two
+            return ArgConstraint(from_context=True, whole_line=True, max_length=max(2 * max(lengths), 8))
         from_context = _copied([r is not None for r in read])
         return ArgConstraint(
             from_context=from_context,
@@ -306,7 +339,8 @@ def describe(spec: ConstraintSpec) -> str:
         for arg, rule in args.items():
             parts = []
             if rule.from_context:
-                parts.append("copied from the task or a result already seen")
+                what = "a whole line" if rule.whole_line else "copied"
+                parts.append(f"{what} from the task or a result already seen")
             if rule.shape:
                 parts.append({"upper": "in capitals", "title": "each word capitalized"}[rule.shape])
             if rule.min_length:

@@ -18,6 +18,7 @@ from ratchet.skills.constraints import (
     ENUM_MAX,
     constrain_args,
     constraint_skill,
+    lines,
     mine_constraints,
     numbers,
     shape_of,
@@ -204,6 +205,63 @@ def test_one_success_that_did_not_copy_among_many_still_binds_the_argument():
     assert not city([*four, miss[0]]).from_context  # 4 copied and 1 not, of 5: too few to tell
     assert city([*five, miss[0]]).from_context  # 5 copied and 1 not, of 6
     assert not city([*five, *miss]).from_context  # two that did not copy: the argument stays free
+
+
+PREMISES = (  # as reasoning-gym's propositional_logic writes its premises
+    "Here is the question:\nGiven:\n1. P\n.2. (Q ∧ P)\n.3. ¬(R ∨ Q)\n"
+    ".What can we conclude from the above statements?"
+)
+ANSWER = ToolSpec(
+    name="answer",
+    description="Your final answer.",
+    parameters={"type": "object", "properties": {"answer": {"type": "string", "maxLength": 200}}},
+)
+
+
+def test_lines_drop_list_markers_and_keep_a_formula_whole():
+    assert lines([PREMISES]) == [
+        "Here is the question:",
+        "Given:",
+        "P",
+        "(Q ∧ P)",
+        "¬(R ∨ Q)",
+        "What can we conclude from the above statements?",
+    ]
+    assert lines(["- a  b ", "* c", "2) d", "", "3.5 C is warm"]) == ["a b", "c", "d", "3.5 C is warm"]
+
+
+def _answered(n: int, value: str, premises: str = PREMISES):  # type: ignore[no-untyped-def]
+    t = traj(
+        [value],
+        success=True,
+        task=f"logic-test:a:train:{n}",
+        tid=f"t-{n}-{value}",
+        observations=[premises],
+        tool="answer",
+        arg="answer",
+        instruction="Answer the question.",
+    )
+    t.steps[0].menu = ["answer: *"]
+    return t
+
+
+def test_restated_premises_bind_an_answer_to_the_lines_read():
+    """Successful answers that restate a premise (a formula, not words alone) become an
+    answer held to the lines of the question; an answer that restated nothing stays free."""
+    other = PREMISES.replace("(Q ∧ P)", "(S → Q)")
+    (mined,) = mine_constraints("logic-test:a", [_answered(1, "(Q ∧ P)"), _answered(2, "(S → Q)", other)])
+    rule = mined.spec.tools["answer"]["answer"]
+    assert rule.from_context and rule.whole_line and rule.max_length == 14
+    (narrowed,), fired = constrain_args([ANSWER], [mined.spec], ["Answer the question.", other])
+    enum = narrowed.parameters["properties"]["answer"]["enum"]
+    assert fired == [mined.spec.name] and "(S → Q)" in enum and "P" in enum and "(Q ∧ P)" not in enum
+    assert all(len(v) <= 14 for v in enum)  # the question's longer lines are off the menu
+    # a derived answer (not a line read) among two: no line constraint, only the length bound
+    (free,) = mine_constraints("logic-test:a", [_answered(1, "(Q ∧ P)"), _answered(2, "(Q ∨ S)", other)])
+    assert free.spec.tools["answer"]["answer"] == ArgConstraint(max_length=14)
+    # a value that is a line and words alone ("P" on its own line): lines, the narrower menu
+    (both,) = mine_constraints("logic-test:a", [_answered(1, "P"), _answered(2, "P", other)])
+    assert both.spec.tools["answer"]["answer"].whole_line
 
 
 def test_a_constraint_skill_round_trips_and_an_edit_is_refused(tmp_path: Path):
