@@ -85,7 +85,7 @@ def run(args: Options) -> None:
                     )
     finally:
         store.close()
-    print("| split | rollouts | successes | a repeat of | more than N times | step time saved | successes cut |")
+    print("| split | rollouts | successes | a repeat of | more than N | step time saved | successes cut |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
