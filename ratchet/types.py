@@ -288,6 +288,8 @@ class ArgConstraint(BaseModel):
     integer: bool = Field(default=False, description="a number is whole")
     whole_line: bool = Field(
         default=False,
+        # left out of the dump when False: constraints filed before it keep their content hash
+        exclude_if=lambda v: not v,
         description="a from-context string is a whole line of what the agent has read, a list's "
         "marker dropped (a premise restated), not a span of its words",
     )

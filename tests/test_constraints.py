@@ -281,6 +281,21 @@ def test_a_constraint_skill_round_trips_and_an_edit_is_refused(tmp_path: Path):
         load(tmp_path / skill.name)
 
 
+def test_a_constraint_filed_before_whole_line_existed_keeps_its_content_hash():
+    """A library's constraint skills are pinned by content hash: a field added later must
+    not change the hash of those filed without it (they would load as edited)."""
+    from ratchet.skills.format import skill_hash
+
+    spec = ConstraintSpec(
+        name="a-args",
+        tools={"get_weather": {"city": ArgConstraint(from_context=True, max_length=16, shape="title")}},
+    )
+    assert skill_hash("a-args", "d", "b", None, constraint=spec) == "9bd0e800e95069d5"  # as filed before
+    lined = ConstraintSpec(name="a-args", tools={"answer": {"answer": ArgConstraint(whole_line=True)}})
+    assert lined.model_dump(mode="json")["tools"]["answer"]["answer"]["whole_line"] is True
+    assert ConstraintSpec.model_validate(lined.model_dump(mode="json")) == lined
+
+
 def test_constraints_change_the_policy_version_and_their_absence_keeps_it():
     base = Policy(model="m")
     assert Policy(model="m", constraints=()).version == base.version
