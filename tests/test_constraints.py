@@ -331,6 +331,33 @@ def test_the_embedded_model_only_ever_writes_a_city_it_read(embedded_server: str
         assert written in read and t.steps[0].rules == [CITY.name]
 
 
+@pytest.mark.integration
+def test_the_embedded_model_answers_a_logic_task_only_with_a_line_it_read(embedded_server: str) -> None:
+    """The real reasoning-gym suite and the embedded model: under a whole-line constraint on
+    the answer, every answer it writes is a line of the question (a premise, its number
+    dropped), whatever it would have written free (the base model writes "1. P")."""
+    from ratchet.agents.model import chat_model
+    from ratchet.server.weights import BASE_MODEL_NAME
+    from ratchet.suites.reasoning_gym import SPLIT_BASES, ReasoningGymSuite
+
+    suite = ReasoningGymSuite(subsets=["propositional_logic"])
+    lined = ConstraintSpec(
+        name="logic-args", tools={"answer": {"answer": ArgConstraint(from_context=True, whole_line=True)}}
+    )
+    actor = build_actor(chat_model(embedded_server, BASE_MODEL_NAME))
+    policy = Policy(model=BASE_MODEL_NAME, constraints=(lined,))
+    answered = 0
+    for i in range(3):
+        task = suite.make_task("propositional_logic", "test", SPLIT_BASES["test"] + i)
+        t = run_rollout(actor, suite, RolloutSlot("e", 0, task, i), policy, ActorSettings(max_steps=2))
+        assert t.status == "finished", t.error
+        for pos, step in enumerate(t.steps):
+            if step.tool_call is not None and step.tool_call.name == "answer":
+                read = lines([task.instruction, *(s.observation for s in t.steps[: pos + 1])])
+                assert step.tool_call.args["answer"] in read and "logic-args" in step.rules
+                answered += 1
+    assert answered, "the model never answered: nothing was checked"
+
 def test_values_outside_the_schemas_own_length_bounds_are_not_offered():
     short = WEATHER.model_copy(
         update={"parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 4}}}}
