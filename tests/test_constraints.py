@@ -358,6 +358,7 @@ def test_the_embedded_model_answers_a_logic_task_only_with_a_line_it_read(embedd
                 answered += 1
     assert answered, "the model never answered: nothing was checked"
 
+
 def test_values_outside_the_schemas_own_length_bounds_are_not_offered():
     short = WEATHER.model_copy(
         update={"parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 4}}}}
