@@ -16,8 +16,9 @@ arguments of the shape that succeeded:
   argument, an `enum` of its numbers. Where there would be more than `ENUM_MAX` values the
   argument is left as it was.
 * `whole_line`: every successful string (all but one, as above) was a whole line of what the
-  agent had read, its list marker dropped (`lines`: the premise `(Q ∧ P)` of "2. (Q ∧ P)",
-  which is not words alone): the `enum` is those lines. Where the values were both lines
+  agent had read, its list marker dropped (`lines`): one of a tool result's listed items (a
+  path, an id, a title: not words alone, so no span holds it) or a premise restated
+  (`(Q ∧ P)` of "2. (Q ∧ P)"). The `enum` is those lines. Where the values were both lines
   and spans, lines win, as the narrower menu.
 * `max_length`: a string ends at twice the longest successful value (the grammar enforces
   `maxLength`), when that is shorter than the schema's own bound.
