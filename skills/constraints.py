@@ -70,7 +70,8 @@ def spans(texts: Sequence[str], max_words: int = SPAN_WORDS) -> list[str]:
     return list(out)
 
 
-_LIST_MARK = re.compile(r"^[\s.\-*•]*(?:\d+[.)](?=\s|$))?\s*")  # "1. ", ".2. ", "- ", "* "
+# a list's marker: "1. ", "2) ", ".3. " (reasoning-gym's), "- ", "* "; not "-5" or "./a"
+_LIST_MARK = re.compile(r"^\s*(?:\.?\d+[.)]|[-*•])(?=\s|$)\s*")
 
 
 def lines(texts: Sequence[str]) -> list[str]:

@@ -225,9 +225,10 @@ def test_lines_drop_list_markers_and_keep_a_formula_whole():
         "P",
         "(Q ∧ P)",
         "¬(R ∨ Q)",
-        "What can we conclude from the above statements?",
+        ".What can we conclude from the above statements?",
     ]
     assert lines(["- a  b ", "* c", "2) d", "", "3.5 C is warm"]) == ["a b", "c", "d", "3.5 C is warm"]
+    assert lines(["-5 degrees", "./configs/a.yaml", "-"]) == ["-5 degrees", "./configs/a.yaml"]
 
 
 def _answered(n: int, value: str, premises: str = PREMISES):  # type: ignore[no-untyped-def]
@@ -263,6 +264,38 @@ def test_restated_premises_bind_an_answer_to_the_lines_read():
     (both,) = mine_constraints("logic-test:a", [_answered(1, "P"), _answered(2, "P", other)])
     assert both.spec.tools["answer"]["answer"].whole_line
 
+
+def test_a_listed_path_passed_on_binds_the_argument_to_the_listed_lines():
+    """A search lists files one per line and a success opens one of them: a path is not words
+    alone (no span holds it), a whole line is."""
+
+    def opened(n: int, listing: list[str], chosen: str):  # type: ignore[no-untyped-def]
+        t = traj(
+            [chosen],
+            success=True,
+            task=f"files-test:a:train:{n}",
+            tid=f"f-{n}",
+            observations=["Found:\n" + "\n".join(f"- {p}" for p in listing)],
+            tool="open_file",
+            arg="path",
+            instruction="Open the report.",
+        )
+        t.steps[0].menu = ["open_file: *"]
+        return t
+
+    wins = [
+        opened(1, ["/srv/a/notes.txt", "/srv/a/report-2024.pdf"], "/srv/a/report-2024.pdf"),
+        opened(2, ["/srv/b/report-q3.pdf", "/srv/b/todo.md"], "/srv/b/report-q3.pdf"),
+    ]
+    (mined,) = mine_constraints("files-test:a", wins)
+    assert mined.spec.tools["open_file"]["path"].whole_line
+    tool = ToolSpec(
+        name="open_file",
+        description="Open a file.",
+        parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+    )
+    (narrowed,), _ = constrain_args([tool], [mined.spec], ["Found:\n- /srv/c/x.pdf\n- /srv/c/y.txt"])
+    assert narrowed.parameters["properties"]["path"]["enum"] == ["Found:", "/srv/c/x.pdf", "/srv/c/y.txt"]
 
 def test_a_constraint_skill_round_trips_and_an_edit_is_refused(tmp_path: Path):
     wins = [_won("desk-test:a:train:Oslo", "Oslo"), _won("desk-test:a:train:Lima", "Lima")]
