@@ -297,6 +297,7 @@ def test_a_listed_path_passed_on_binds_the_argument_to_the_listed_lines():
     (narrowed,), _ = constrain_args([tool], [mined.spec], ["Found:\n- /srv/c/x.pdf\n- /srv/c/y.txt"])
     assert narrowed.parameters["properties"]["path"]["enum"] == ["Found:", "/srv/c/x.pdf", "/srv/c/y.txt"]
 
+
 def test_a_constraint_skill_round_trips_and_an_edit_is_refused(tmp_path: Path):
     wins = [_won("desk-test:a:train:Oslo", "Oslo"), _won("desk-test:a:train:Lima", "Lima")]
     skill = constraint_skill("desk-test:a", mine_constraints("desk-test:a", wins)[0], "e", 1)
