@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AnyMessage
+from openai import LengthFinishReasonError
 from pydantic import BaseModel, Field, ValidationError
 
 from ratchet.agents.model import is_transient
@@ -51,6 +52,10 @@ def ask_json(llm: BaseChatModel, messages: list[AnyMessage], schema: type[M], **
     """
     try:
         msg = llm.bind(response_format=response_format(schema)).invoke(messages, **kwargs)
+    except LengthFinishReasonError as exc:  # a small teacher rambling: an answer like a bad one
+        used = exc.completion.usage.completion_tokens if exc.completion.usage else "its"
+        log.info("teacher answer for %s ran out of tokens (%s) before it closed", schema.__name__, used)
+        return None
     except Exception as exc:
         if is_transient(exc):
             raise

@@ -12,6 +12,8 @@ tokens over 1,500 columns, the first 100 masked as padding), each path that coul
 * `flash`: the engine's path (the flash kernel);
 * `math`: the same call held to torch's math backend (`SDPBackend.MATH`);
 * `manual`: QK^T and PV as bf16 `matmul`s (oneDNN), scores softmaxed in fp32;
+* `widened`: q, k and v widened to fp32, the flash kernel in fp32 (MKL's fp32 GEMM), the
+  result narrowed back to bf16: attention at fp32 with the linears left in bf16;
 * `flash` again in fresh processes under MKL's dispatch variables (`MKL_CBWR`,
   `MKL_ENABLE_INSTRUCTIONS`), which would move MKL to another kernel if it listened.
 
@@ -60,6 +62,9 @@ def manual():
     scores.masked_fill_(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, -1).bfloat16(), v)
 
+def widened():
+    return sdpa(q.float(), k.float(), v.float(), attn_mask=mask).bfloat16()
+
 flops = 4 * rows * kv_heads * folded * cols * dim
 out = {}
 for name in paths:
@@ -89,7 +94,7 @@ class Options:
 def run(args: Options) -> None:
     from ratchet.server.precision import native_bf16
 
-    rows = measure(["flash", "math", "manual"], args.rounds, {})
+    rows = measure(["flash", "math", "manual", "widened"], args.rounds, {})
     for label, env in MKL_ENVS.items():
         rows[f"flash, {label}"] = measure(["flash"], args.rounds, env)["flash"]
     for label, row in rows.items():

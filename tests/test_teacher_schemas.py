@@ -119,3 +119,35 @@ def test_length_bounds_the_pattern_cannot_carry_are_left_as_written() -> None:
     # through the server's compile: a city can no longer run past its bound
     city = out["properties"]["city"] | {"pattern": "^[A-Za-z ]+$"}
     assert _admits(city, "New York") and not _admits(city, "a" * 13)
+
+
+def test_an_answer_cut_at_the_token_limit_is_no_answer_and_no_console_warning(caplog) -> None:  # type: ignore[no-untyped-def]
+    """The shipped model, as teacher, sometimes writes until its token limit inside a JSON
+    string; the client raises. That is a bad answer like any other (the draft stands), logged
+    at INFO in the data dir's log, not a WARNING on a scheduled run's console."""
+    import logging
+
+    from openai import LengthFinishReasonError
+    from openai.types.chat import ChatCompletion
+    from openai.types.completion_usage import CompletionUsage
+
+    from ratchet.agents.structured import ask_json
+    from ratchet.agents.testing import ScriptedChatModel
+
+    cut = ChatCompletion(
+        id="c",
+        choices=[],
+        created=0,
+        model="m",
+        object="chat.completion",
+        usage=CompletionUsage(completion_tokens=387, prompt_tokens=291, total_tokens=678),
+    )
+    llm = ScriptedChatModel(script=[LengthFinishReasonError(completion=cut)])
+    with caplog.at_level(logging.INFO, logger="ratchet.agents.structured"):
+        assert ask_json(llm, [], Judgement) is None
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO and "ran out of tokens (387)" in record.getMessage()
+    broken = ScriptedChatModel(script=[RuntimeError("the endpoint said something odd")])
+    with caplog.at_level(logging.INFO, logger="ratchet.agents.structured"):
+        assert ask_json(broken, [], Judgement) is None
+    assert caplog.records[-1].levelno == logging.WARNING  # anything else still warns
