@@ -53,8 +53,9 @@ def ask_json(llm: BaseChatModel, messages: list[AnyMessage], schema: type[M], **
     try:
         msg = llm.bind(response_format=response_format(schema)).invoke(messages, **kwargs)
     except LengthFinishReasonError as exc:  # a small teacher rambling: an answer like a bad one
-        used = exc.completion.usage.completion_tokens if exc.completion.usage else "its"
-        log.info("teacher answer for %s ran out of tokens (%s) before it closed", schema.__name__, used)
+        usage = exc.completion.usage
+        used = f" ({usage.completion_tokens})" if usage else ""
+        log.info("teacher answer for %s ran out of tokens%s before it closed", schema.__name__, used)
         return None
     except Exception as exc:
         if is_transient(exc):
