@@ -37,9 +37,9 @@ class Options:
 
 def boolean_mask(mask: Any, batch: int, groups: int, q_len: int, _: Any) -> Any:
     """The mask as the engine gave it before: boolean, repeated per group (SDPA converts it)."""
-    kv_len = mask.shape[-1]
-    rows = mask.expand(batch, 1, q_len, kv_len).unsqueeze(2).expand(batch, 1, groups, q_len, kv_len)
-    return rows.reshape(batch, 1, groups * q_len, kv_len)
+    from ratchet.server.attention import repeat_per_group
+
+    return repeat_per_group(mask, batch, groups, q_len)
 
 
 def measure(dtype: str, rounds: int) -> dict[str, Any]:

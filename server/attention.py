@@ -99,15 +99,21 @@ def folded_mask(
         and m.mask is not None
     ):
         return m.mask
-    kv_len = attention_mask.shape[-1]
-    mask = attention_mask.expand(batch, 1, q_len, kv_len).unsqueeze(2)
-    mask = mask.expand(batch, 1, groups, q_len, kv_len).reshape(batch, 1, groups * q_len, kv_len)
+    mask = repeat_per_group(attention_mask, batch, groups, q_len)
     if mask.dtype == torch.bool:
         zero, never = torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype)
         mask = torch.where(mask, zero, never)
     m.source, m.version = weakref.ref(attention_mask, _forget), version
     m.key, m.mask = key, mask
     return mask
+
+
+def repeat_per_group(attention_mask: torch.Tensor, batch: int, groups: int, q_len: int) -> torch.Tensor:
+    """`attention_mask` [batch, 1, q_len, kv_len] as the folded query rows' mask: one block of
+    q_len rows per query head of a group, in the order `grouped_sdpa` folds the heads."""
+    kv_len = attention_mask.shape[-1]
+    mask = attention_mask.expand(batch, 1, q_len, kv_len).unsqueeze(2)
+    return mask.expand(batch, 1, groups, q_len, kv_len).reshape(batch, 1, groups * q_len, kv_len)
 
 
 def _version(t: torch.Tensor) -> int:

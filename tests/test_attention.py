@@ -35,9 +35,7 @@ def test_the_additive_mask_gives_the_boolean_masks_attention_to_the_bit(
     out, _ = attention.grouped_sdpa(_Layer(), q, k, v, mask)
 
     def boolean(mask: torch.Tensor, batch: int, groups: int, q_len: int, _: torch.dtype) -> torch.Tensor:
-        kv_len = mask.shape[-1]
-        rows = mask.expand(batch, 1, q_len, kv_len).unsqueeze(2).expand(batch, 1, groups, q_len, kv_len)
-        return rows.reshape(batch, 1, groups * q_len, kv_len)
+        return attention.repeat_per_group(mask, batch, groups, q_len)  # SDPA converts it
 
     monkeypatch.setattr(attention, "folded_mask", boolean)
     want, _ = attention.grouped_sdpa(_Layer(), q, k, v, mask)
