@@ -97,7 +97,20 @@ def _step_fired(
         return None  # the champion's call is off the candidate's menu
     if _forced_prefixes(step.menu, after) != _forced_prefixes(step.menu, before):
         return None
+    if _combinations_changed(step.tool_call.name, before, after):
+        return None
     return fired
+
+
+def _combinations_changed(tool: str, before: Sequence[str], after: Sequence[str]) -> bool:
+    """Did the rules change which combinations of values the called tool accepts (a tool whose
+    parameters are all enumerated, `tool: a, b` entries)? Its grammar is then another `anyOf`,
+    and whether greedy decoding still spells the same call through it is not decided here:
+    the arm is played (an entry of a one-parameter tool whose value holds ", " counts too,
+    which only plays an arm that could have been replayed)."""
+    name = normal(tool)
+    changed = set(before) ^ set(after)
+    return any(e.partition(": ")[0] == name and ", " in e.partition(": ")[2] for e in changed)
 
 
 def _tools(entries: Sequence[str]) -> list[str]:

@@ -20,8 +20,16 @@ rule that changed the menu is recorded on the step (`Step.rules`) and shown by t
 trajectory viewer.
 
 The menu holds every tool of the step, the environment's and the policy's: one entry per
-valid value of a tool with an enumerated parameter (`act: take coin`), and one entry for
-each other tool, `calculator: *` (any call of it; `look` for a tool without parameters).
+valid value of a tool with an enumerated parameter (`act: take coin`); one entry per
+combination of values of a tool whose parameters are all enumerated (a macro of two moves,
+`macro: east, north`, values in the order of their parameters' names, as `call_text` writes
+a call), up to `MAX_GRID` combinations; and one entry for each other tool, `calculator: *`
+(any call of it; `look` for a tool without parameters). A combination a rule removed leaves
+the tool's schema as an `anyOf` of the combinations kept, which the server's grammar
+enforces: without it a macro that walks there and back (`east, west`) was one `*` entry that
+`no_repeat` could not take off the menu, and the policy called it again from the same state
+until its budget ran out (every held-out failure of three coin generations,
+bench/RESULTS.md).
 So where a suite exposes no enumerated actions (reasoning-gym), rules act on tool choice:
 `prefer: ["calculator: *"]` with `when` words of the question makes the first move a
 calculation; `avoid: ["calculator: *"]` takes the tool away. A tool whose entries all leave
@@ -38,6 +46,8 @@ a call whose first action is playable; a tool left with no such value is not off
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +64,9 @@ def normal(text: str) -> str:
 
 WILDCARD = "*"  # a word of a pattern that stands for one or more words
 MENU_KEY = "x-ratchet-menu"  # a parameter's annotation: the action template its value must complete
+# combinations of an all-enumerated tool listed on the menu one by one (a two-move macro over
+# four directions has 16); a tool with more stays one `tool: *` entry
+MAX_GRID = 64
 
 
 def matches(pattern: str, action: str) -> bool:
@@ -120,6 +133,14 @@ def constrain_tools(
     keep = set(kept)
     out: list[ToolSpec] = []
     for tool, es in zip(tools, entries, strict=True):
+        if (grid := _grid(tool)) is not None:
+            keys, combos = grid
+            left = [c for c, e in zip(combos, es, strict=True) if e in keep]
+            if len(left) == len(combos):
+                out.append(tool)
+            elif left:
+                out.append(_narrow_grid(tool, keys, left))
+            continue
         key, values = _enum(tool)
         if key is None:
             if es[0] in keep:
@@ -180,6 +201,8 @@ def menu_entries(tools: Sequence[ToolSpec]) -> list[str]:
 
 
 def _raw_entries(tool: ToolSpec) -> list[str]:
+    if (grid := _grid(tool)) is not None:
+        return [f"{tool.name}: {', '.join(str(v) for v in combo)}" for combo in grid[1]]
     key, values = _enum(tool)
     if key is None:
         return [f"{tool.name}: {WILDCARD}" if tool.parameters.get("properties") else tool.name]
@@ -205,3 +228,53 @@ def _enum(tool: ToolSpec) -> tuple[str | None, list[Any]]:
         if isinstance(v, dict) and isinstance(v.get("enum"), list)
     ]
     return found[0] if len(found) == 1 else (None, [])
+
+
+def _grid(tool: ToolSpec) -> tuple[tuple[str, ...], list[tuple[Any, ...]]] | None:
+    """A tool with two or more parameters, all required and each an enum: its parameter names
+    (sorted, the order `call_text` writes values in) and the combinations of values it
+    accepts, where there are at most `MAX_GRID`; None for any other tool.
+
+    The combinations are the product of the enums, or, once a rule narrowed the tool
+    (`_narrow_grid`), the union of its `anyOf` branches' products."""
+    params = tool.parameters
+    props = params.get("properties") or {}
+    keys = tuple(sorted(props))
+    if len(keys) < 2 or set(params.get("required") or ()) != set(keys):
+        return None
+    branches = params.get("anyOf") or [params]
+    combos: list[tuple[Any, ...]] = []
+    for branch in branches:
+        enums = [((branch.get("properties") or {}).get(k) or {}).get("enum") for k in keys]
+        if not all(isinstance(e, list) and e for e in enums):
+            return None
+        if len(combos) + math.prod(len(e) for e in enums) > MAX_GRID:
+            return None
+        combos += itertools.product(*enums)
+    return keys, list(dict.fromkeys(combos))
+
+
+def _narrow_grid(tool: ToolSpec, keys: tuple[str, ...], combos: list[tuple[Any, ...]]) -> ToolSpec:
+    """`tool` accepting only `combos`. Where they are every combination of some values of each
+    parameter, those values are its enums; otherwise an `anyOf` beside the properties (which
+    stay as they were, for the prompt's list of parameters) has one branch per value of all
+    parameters but the last, with the last's values kept for it."""
+    props = tool.parameters.get("properties") or {}
+    params = {k: v for k, v in tool.parameters.items() if k != "anyOf"}
+    values = [list(dict.fromkeys(c[i] for c in combos)) for i in range(len(keys))]
+    if math.prod(len(v) for v in values) == len(combos):
+        params["properties"] = props | {k: props[k] | {"enum": v} for k, v in zip(keys, values, strict=True)}
+        return tool.model_copy(update={"parameters": params})
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for combo in combos:
+        groups.setdefault(combo[:-1], []).append(combo[-1])
+    shape = {k: v for k, v in params.items() if k in ("type", "required", "additionalProperties")}
+    params["anyOf"] = [
+        shape
+        | {
+            "properties": {k: props[k] | {"enum": [v]} for k, v in zip(keys, head, strict=False)}
+            | {keys[-1]: props[keys[-1]] | {"enum": last}}
+        }
+        for head, last in groups.items()
+    ]
+    return tool.model_copy(update={"parameters": params})

@@ -103,6 +103,36 @@ def test_no_repeat_sees_the_states_the_recorded_calls_led_to() -> None:
     assert replay(_recorded(moves[:2], menu=menu), (), (no_repeat,), same_choice=True) == [[], []]
 
 
+def test_a_macro_whose_combinations_changed_is_played_when_it_is_the_call() -> None:
+    """A two-move macro is one menu entry per combination of its values, and taking one off
+    rewrites its grammar as an `anyOf`: whether greedy decoding spells the champion's call
+    the same way through it is not decided by the menu, so the arm is played. A call of
+    another tool beside it replays as before."""
+    grid = ["macro: east, north", "macro: east, west", "macro: west, north", "macro: west, west"]
+    menu = ["act: move east", *grid]
+
+    def call(args: dict[str, str]) -> ToolCall:
+        return ToolCall(name="macro", args=args) if "a" in args else ToolCall(name="act", args=args)
+
+    def recorded(calls: list[dict[str, str]]) -> Trajectory:
+        base = _recorded([], menu=menu)
+        for i, args in enumerate(calls):
+            base.steps.append(
+                Step(index=i, observation="x", tool_call=call(args), tool_result="Back.", menu=menu)
+            )
+        return base
+
+    no_repeat = RuleSpec(name="nr", no_repeat=True)
+    there_and_back = [{"a": "east", "b": "west"}, {"a": "west", "b": "north"}]
+    # at "Back." again (west, north) is off the menu; the champion's (west, west) is still on it
+    assert replay(recorded([*there_and_back, {"a": "west", "b": "west"}]), (), (no_repeat,), True) is None
+    assert replay(recorded([*there_and_back, {"action": "move east"}]), (), (no_repeat,), True) == [
+        [],
+        [],
+        ["nr"],
+    ]
+
+
 def test_a_refused_call_is_not_a_tried_action_but_moves_the_state() -> None:
     menu = ["act: move north", "act: take coin"]
     base = _recorded([("move north", "A hallway."), ("move north", "Invalid action: no")], menu=menu)

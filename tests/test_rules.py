@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ratchet.skills.rules import Tried, apply_rules, call_text, constrain_tools, matches, normal
+from ratchet.skills.rules import Tried, apply_rules, call_text, constrain_tools, matches, menu_entries, normal
 from ratchet.types import RuleSpec, ToolCall, ToolSpec
 
 MENU = ["act: look around", "act: move south", "act: open door to west", "act: take coin"]
@@ -135,12 +137,16 @@ def test_call_text_is_the_attributions_normal_form() -> None:
     )
 
 
-def _macro(first: str = "act: move {a}") -> ToolSpec:
+def _macro(first: str = "act: move {a}", b: tuple[str, ...] = ("coin", "key")) -> ToolSpec:
+    """A macro as the toolsmith writes one: `a` bound to the menu, `b` what was seen, both required."""
     a = {"type": "string", "description": "e.g. north", "x-ratchet-menu": first}
-    b = {"type": "string", "enum": ["coin", "key"]}
-    return ToolSpec(
-        name="macro", description="m", parameters={"type": "object", "properties": {"a": a, "b": b}}
-    )
+    params = {
+        "type": "object",
+        "properties": {"a": a, "b": {"type": "string", "enum": list(b)}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    return ToolSpec(name="macro", description="m", parameters=params)
 
 
 def test_a_macro_parameter_bound_to_the_menu_takes_only_playable_values() -> None:
@@ -165,7 +171,98 @@ def test_a_bound_macro_goes_through_the_rules_menu_like_any_tool() -> None:
     tools = bind_to_menu([_act(["move east", "take coin"]), _macro()])
     out, fired = constrain_tools(tools, [RuleSpec(name="p", prefer=("act: take coin",))], "")
     assert [t.name for t in out] == ["act"] and fired == ["p"]
-    # two parameters: the macro is one entry, `macro: *`, which a specific call never repeats
-    tried = [Tried(normal("Hall."), "macro: coin, east")]
-    assert constrain_tools(tools, [RuleSpec(name="n", no_repeat=True)], "Hall.", tried) == (tools, [])
+    # both parameters enumerated: one entry per combination, values in parameter-name order
+    assert menu_entries(tools)[2:] == ["macro: east, coin", "macro: east, key"]
     assert constrain_tools(tools, [RuleSpec(name="x", avoid=("macro: *",))], "")[0] == tools[:1]
+
+
+def test_no_repeat_takes_a_macros_repeated_combination_and_only_that_off_the_menu() -> None:
+    """The loop of every held-out failure of three coin generations: a two-move macro that
+    walks there and back (`east, west`), called again from the state it led back to. Only
+    that combination leaves; the grammar gets the rest as an `anyOf`."""
+    from ratchet.skills.rules import bind_to_menu
+
+    tools = bind_to_menu([_act(["move east", "move west"]), _macro(b=("north", "west"))])
+    rule = RuleSpec(name="n", no_repeat=True)
+    tried = [Tried(normal("Kitchen."), "macro: east, west"), Tried(normal("Hall."), "macro: west, north")]
+    out, fired = constrain_tools(tools, [rule], "Kitchen.", tried)
+    assert fired == ["n"]
+    assert menu_entries(out)[2:] == ["macro: east, north", "macro: west, north", "macro: west, west"]
+    params = out[1].parameters
+    assert params["properties"] == tools[1].parameters["properties"]  # the prompt lists the same parameters
+    assert [(b["properties"]["a"]["enum"], b["properties"]["b"]["enum"]) for b in params["anyOf"]] == [
+        (["east"], ["north"]),
+        (["west"], ["north", "west"]),
+    ]
+    assert all(b["required"] == ["a", "b"] and b["additionalProperties"] is False for b in params["anyOf"])
+    # a second pass (search's untried-only menu) reads the narrowed combinations, not the enums
+    again, _ = constrain_tools(
+        out, [rule], "Kitchen.", [*tried, Tried(normal("Kitchen."), "macro: west, west")]
+    )
+    assert menu_entries(again)[2:] == ["macro: east, north", "macro: west, north"]
+    # every combination of the values left: written into the enums, no anyOf
+    single = again[1].parameters
+    assert "anyOf" not in single and single["properties"]["b"]["enum"] == ["north"]
+    assert single["properties"]["a"]["enum"] == ["east", "west"]
+    every = [Tried(normal("Kitchen."), e) for e in menu_entries(again)[2:]]
+    gone, _ = constrain_tools(again, [rule], "Kitchen.", every)
+    assert [t.name for t in gone] == ["act"]  # nothing of it left untried here: not offered
+
+
+@pytest.mark.integration
+def test_a_narrowed_macro_is_enforced_by_the_servers_grammar(base_model_dir: Path) -> None:
+    """The `anyOf` is what the server's grammar compiles, with the shipped model's tokenizer:
+    the removed combination cannot be decoded, the kept ones can."""
+    import json
+
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    from ratchet.server.engine import compile_json_schema
+    from ratchet.skills.rules import bind_to_menu
+    from ratchet.toolcalls import tool_call_schema
+
+    tools = bind_to_menu([_act(["move east", "move west"]), _macro(b=("north", "west"))])
+    out, _ = constrain_tools(
+        tools, [RuleSpec(name="n", no_repeat=True)], "K", [Tried("k", "macro: east, west")]
+    )
+    tok = AutoTokenizer.from_pretrained(base_model_dir)
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id])
+    grammar = compile_json_schema(
+        xgr.GrammarCompiler(info), json.dumps(tool_call_schema([t.to_openai() for t in out], False))
+    )
+
+    def decodes(a: str, b: str) -> bool:
+        m = xgr.GrammarMatcher(grammar)
+        text = json.dumps({"name": "macro", "arguments": {"a": a, "b": b}}, separators=(",", ":"))
+        return all(m.accept_token(t) for t in tok.encode(text, add_special_tokens=False)) and m.accept_token(
+            tok.eos_token_id
+        )
+
+    assert not decodes("east", "west")
+    assert decodes("east", "north") and decodes("west", "west") and decodes("west", "north")
+    assert not decodes("north", "west")  # not on the menu at all
+
+
+def test_a_tool_with_too_many_combinations_or_a_free_parameter_stays_one_entry() -> None:
+    from ratchet.skills.rules import MAX_GRID
+
+    wide = ToolSpec(
+        name="convert",
+        description="c",
+        parameters={
+            "type": "object",
+            "properties": {
+                k: {"type": "string", "enum": [f"u{i}" for i in range(9)]} for k in ("src", "dst")
+            },
+            "required": ["src", "dst"],
+        },
+    )
+    assert 9 * 9 > MAX_GRID and menu_entries([wide]) == ["convert: *"]
+    free = _macro().model_copy(
+        update={
+            "parameters": _macro().parameters
+            | {"properties": {"a": {"type": "string"}, "b": {"type": "string", "enum": ["x"]}}}
+        }
+    )
+    assert menu_entries([free]) == ["macro: x"]  # one enumerated parameter: its values, as before

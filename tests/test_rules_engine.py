@@ -113,3 +113,51 @@ def test_a_macro_bound_to_the_menu_only_ever_makes_a_playable_first_move(embedde
         assert calls > 0
     finally:
         suite.close()
+
+
+def test_no_repeat_keeps_the_embedded_model_out_of_a_two_move_macros_loop(embedded_server: str) -> None:
+    """A two-move macro (move {a}, move {b}) the rules make the whole menu: its `a` bound to the
+    step's moves, `b` an enum, so the menu lists each combination and `no_repeat` takes a
+    repeated one off. The real model, through the MCP toolbox and the sandbox, never calls
+    the same combination twice from the same state; before, a call that walked there and
+    back was made again from where it led until the budget ran out."""
+    from ratchet.agents.toolsmith import MacroJob, build_toolsmith
+    from ratchet.flows.distill import to_skill
+    from ratchet.skills.mining import ActionTemplate, Pattern
+    from ratchet.skills.screen import Screen
+    from ratchet.skills.toolbox import Toolbox
+
+    moves = (ActionTemplate("act", {"action": "move {a}"}), ActionTemplate("act", {"action": "move {b}"}))
+    seen = ({"a": "east", "b": "west"}, {"a": "west", "b": "east"}, {"a": "north", "b": "south"})
+    pattern = Pattern("textworld-express:coin", moves, ("a", "b"), seen, 2, 3, ("t",))
+    made = build_toolsmith(None).invoke(
+        {"job": MacroJob("coin-macro-move-move", pattern), "screen": Screen()}
+    )
+    skill = to_skill(made, "e", 0)
+    assert skill is not None
+    only = RuleSpec(name="a-only-the-macro", prefer=("coin-macro-move-move: *",))
+    policy = Policy(model=BASE_MODEL_NAME, tools=(skill.tool_spec(),), rules=(only, NO_REPEAT))
+    suite = get_suite("textworld-express:coin")
+    try:
+        actor = build_actor(chat_model(embedded_server, BASE_MODEL_NAME))
+        calls = narrowed = 0
+        for i, task in enumerate(suite.tasks("train", 3)):
+            slot = RolloutSlot("grid-macro", 0, task, i)
+            t = run_rollout(
+                actor, suite, slot, policy, ActorSettings(max_steps=12), tool_runner=Toolbox([skill])
+            )
+            assert t.status == "finished"
+            taken: set[tuple[str, str]] = set()
+            state = " ".join(t.prompt.first_observation.lower().split())
+            for step in t.steps:
+                if step.tool_call is not None and step.tool_call.name == skill.name:
+                    calls += 1
+                    assert any(e.startswith(f"{skill.name}: ") and ", " in e for e in step.menu or ())
+                    assert (state, call_text(step.tool_call)) not in taken
+                    narrowed += NO_REPEAT.name in step.rules
+                if step.tool_call is not None:
+                    taken.add((state, call_text(step.tool_call)))
+                state = " ".join((step.tool_result or "").lower().split())
+        assert calls > 0 and narrowed > 0  # the macro was played, and a repeat was taken away
+    finally:
+        suite.close()
