@@ -246,8 +246,10 @@ def _grid(tool: ToolSpec) -> tuple[tuple[str, ...], list[tuple[Any, ...]]] | Non
     combos: list[tuple[Any, ...]] = []
     for branch in branches:
         enums = [((branch.get("properties") or {}).get(k) or {}).get("enum") for k in keys]
-        if not all(isinstance(e, list) and e for e in enums):
-            return None
+        if not all(
+            isinstance(e, list) and e and all(isinstance(v, str | int | float) for v in e) for e in enums
+        ):
+            return None  # an enum of objects or lists is not a menu (and its values do not hash)
         if len(combos) + math.prod(len(e) for e in enums) > MAX_GRID:
             return None
         combos += itertools.product(*enums)
@@ -257,8 +259,8 @@ def _grid(tool: ToolSpec) -> tuple[tuple[str, ...], list[tuple[Any, ...]]] | Non
 def _narrow_grid(tool: ToolSpec, keys: tuple[str, ...], combos: list[tuple[Any, ...]]) -> ToolSpec:
     """`tool` accepting only `combos`. Where they are every combination of some values of each
     parameter, those values are its enums; otherwise an `anyOf` beside the properties (which
-    stay as they were, for the prompt's list of parameters) has one branch per value of all
-    parameters but the last, with the last's values kept for it."""
+    stay as they were, for the prompt's list of parameters) has one branch per combination
+    of the other parameters' values, with the last parameter's values kept for it."""
     props = tool.parameters.get("properties") or {}
     params = {k: v for k, v in tool.parameters.items() if k != "anyOf"}
     values = [list(dict.fromkeys(c[i] for c in combos)) for i in range(len(keys))]

@@ -266,3 +266,13 @@ def test_a_tool_with_too_many_combinations_or_a_free_parameter_stays_one_entry()
         }
     )
     assert menu_entries([free]) == ["macro: x"]  # one enumerated parameter: its values, as before
+    odd = {"type": "string", "enum": [{"x": 1}, [2]]}  # a user's tool: values that are no menu
+    hostile = free.model_copy(
+        update={
+            "parameters": free.parameters | {"properties": {"a": odd, "b": {"type": "string", "enum": ["x"]}}}
+        }
+    )
+    assert menu_entries([hostile]) == ["macro: *"]
+    tools = [_act(["look around"]), hostile]
+    called = Tried("s", call_text(ToolCall(name="macro", args={"a": {"x": 1}, "b": "x"})))
+    assert constrain_tools(tools, [RuleSpec(name="n", no_repeat=True)], "s", [called]) == (tools, [])
