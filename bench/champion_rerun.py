@@ -57,13 +57,14 @@ def outcomes(db: Path, evolution: str, generation: int) -> dict[str, Any]:
         trajs = store.query(evolution=evolution, generation=generation, split="test", kind="agent")
     finally:
         store.close()
+    repeated = [repeats(t) for t in trajs]
     return {
         "policy_version": sorted({t.policy_version for t in trajs}),
         "by_task": {t.task_id: float(t.success and t.status == "finished") for t in trajs},
         "successes": sum(t.success and t.status == "finished" for t in trajs),
         "n": len(trajs),
-        "repeated_calls": sum(repeats(t) for t in trajs),
-        "rollouts_with_a_repeat": sum(repeats(t) > 0 for t in trajs),
+        "repeated_calls": sum(repeated),
+        "rollouts_with_a_repeat": sum(n > 0 for n in repeated),
         "steps": sum(len(t.steps) for t in trajs),
         "tokens": sum(t.prompt_tokens + t.completion_tokens for t in trajs),
     }
@@ -85,7 +86,6 @@ def run(args: Options) -> None:
         "RATCHET_DATA_DIR": str(copy),
         "RATCHET_EVOLUTION": args.evolution,
         "RATCHET_SUITE": args.family,
-        "RATCHET_SPLITS__TEST": str(before["n"]),
     }
     cli = [sys.executable, "-m", "ratchet.cli", "run", "-g", str(again), "--test", str(before["n"])]
     subprocess.run([*cli, "-S", "evaluate"], env=env, check=True)
