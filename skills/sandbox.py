@@ -27,11 +27,15 @@ passed to a stdlib-only interpreter with `-c`.
    (which also caps each memfd), open files, core dumps, locked memory and POSIX message
    queues (both 0).
 4. A CPython audit hook (`sys.addaudithook`) refuses network, process and FFI events,
-   imports of such modules, writing, deleting or renaming outside the scratch dir, reading
-   outside the scratch dir and the standard library, and opening directories elsewhere
-   (whose descriptors would make `dir_fd=` calls look relative to the scratch dir); wrappers
-   refuse `os.stat`/`lstat` and `os.mkfifo`/`mknod` outside those dirs, which CPython does
-   not audit.
+   imports of such modules, tracing (`sys.settrace`/`setprofile`), writing, deleting or
+   renaming outside the scratch dir, reading outside the scratch dir and the standard
+   library, and opening directories elsewhere (whose descriptors would make `dir_fd=` calls
+   look relative to the scratch dir); wrappers refuse `os.stat`/`lstat` and
+   `os.mkfifo`/`mknod` outside those dirs, which CPython does not audit. The hook and the
+   wrappers keep nothing tool code could rewire: no closures, globals or builtins by name,
+   only bound tuples of immutable values and C functions (their own realpath, since
+   os.path.realpath's module globals can be changed), and the hook refuses replacing their
+   `__code__` or `__defaults__`.
 5. The interpreter allow-list (`validate=True`). `validate_tool_code` reads the AST before
    anything runs: a top-level `def run(...)`; imports only of the modules in
    `ALLOWED_IMPORTS`, and from each only the names listed there (its own public functions,
@@ -43,9 +47,11 @@ passed to a stdlib-only interpreter with `-c`.
    `open`/`getattr`/`__import__`...; no dunder or private attributes of other objects, no
    frame attributes, no `.format_map`, no `.format` on computed templates or with
    `{0.attr}` / `{0[key]}` fields; top-level code limited to imports, defs and constants.
-   Its runtime twin, in the child: the tool's `import` yields a view of the module holding
-   only the listed names, and its builtins lack the forbidden ones. The return value must
-   be JSON; prints are captured and capped.
+   No module or name on the list turns a string into code (`dataclasses`, `namedtuple` are
+   off it). Its runtime twin, in the child: the tool's `import` yields a view of the module
+   holding only the listed names, its builtins lack the forbidden ones, and `exec`/`eval`
+   of text a library runs for the tool get those reduced builtins too (refused in a real
+   module's namespace). The return value must be JSON; prints are captured and capped.
 
 What this does NOT cover:
 
@@ -76,8 +82,10 @@ What this does NOT cover:
   the objects they return are checked by a deny-list (dunder, private, frame and
   text-evaluating names), and the runtime views guard module attributes only, not a walk
   from an object (`fn.__globals__` if the AST check were wrong); the audit hook is a
-  CPython-level tripwire. Native code, an interpreter bug or a clever object walk gets past
-  them, which is why the OS isolation exists.
+  CPython-level tripwire. Code past them can put the unwrapped `os.stat` back (a fresh
+  `posix` module from the import system has one) and then stat any path the OS layer
+  shows. Native code, an interpreter bug or a clever object walk gets past them, which is
+  why the OS isolation exists.
 
 Cost per call (2 shared cores, medians of 40, measured side by side): bubblewrap adds ~4 ms
 to the interpreter's start (`python -c pass`: 8.7 -> 12.4 ms) and the seccomp filter ~1 ms,
@@ -89,6 +97,7 @@ medians of 80), mostly compiling the longer child program.
 
 from __future__ import annotations
 
+import _thread
 import ast
 import errno
 import functools
@@ -119,6 +128,8 @@ MAX_FILE_BYTES = 16 * 2**20  # RLIMIT_FSIZE: files the tool writes in its scratc
 MAX_OPEN_FILES = 64
 MAX_SCRATCH_BYTES = 64 * 2**20  # the default scratch dir: a tmpfs of this size
 MAX_TMP_BYTES = 16 * 2**20  # /tmp inside the sandbox: a tmpfs of this size
+MAX_TIMEOUT_S = 86_400.0  # a day, the settings' bound on every timeout (ratchet/config.py DAY_S)
+MAX_MEMORY_MB = 2**20  # 1 TiB of address space; its bytes still fit an rlimit
 SCRATCH = "/scratch"  # where the scratch dir is, inside the sandbox
 SANDBOX_UID = 65534  # `nobody`, inside the sandbox's user namespace
 
@@ -133,10 +144,15 @@ def _names(text: str) -> frozenset[str]:
 
 # What tool code may import, and the only names it may use from each module: the public
 # functions, classes and constants that module defines. Never a submodule or a module it
-# imported (`re.enum.bltns.eval`, `json.codecs.open`), and never an API that reads attribute
+# imported (`re.enum.bltns.eval`, `json.codecs.open`), never an API that reads attribute
 # paths or code named by a string (`operator.attrgetter`, `functools.update_wrapper(...,
-# assigned=("__builtins__",))`, `string.Formatter`, `typing.get_type_hints`...). The AST check
-# enforces it before the run, and the child again at run time (skills/sandbox_child.py).
+# assigned=("__builtins__",))`, `string.Formatter`, `typing.get_type_hints`...), and never one
+# that turns strings into code: `dataclasses` pastes field names into the source it `exec`s
+# with the real builtins (a field named `__class__,exec(...))#` ran the tool's payload with
+# every layer on), and `collections.namedtuple` / `typing.NamedTuple` `eval` theirs.
+# tests/test_sandbox_allowlist.py calls every name here with string data and reviews every
+# exec/eval/compile/__import__ in the code these modules load. The AST check enforces the list
+# before the run, and the child again at run time (skills/sandbox_child.py).
 ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "math": _names(
         "acos acosh asin asinh atan atan2 atanh cbrt ceil comb copysign cos cosh degrees dist e erf "
@@ -156,9 +172,7 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "functools": _names(
         "cache cached_property cmp_to_key lru_cache partial partialmethod reduce total_ordering"
     ),
-    "collections": _names(
-        "ChainMap Counter OrderedDict UserDict UserList UserString defaultdict deque namedtuple"
-    ),
+    "collections": _names("ChainMap Counter OrderedDict UserDict UserList UserString defaultdict deque"),
     "collections.abc": _names(
         "AsyncGenerator AsyncIterable AsyncIterator Awaitable ByteString Callable Collection Container "
         "Coroutine Generator Hashable ItemsView Iterable Iterator KeysView Mapping MappingView "
@@ -201,16 +215,12 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
         "AsyncIterator Awaitable BinaryIO ByteString Callable ChainMap ClassVar Collection Concatenate "
         "Container ContextManager Coroutine Counter DefaultDict Deque Dict Final FrozenSet Generator "
         "Generic Hashable IO ItemsView Iterable Iterator KeysView List Literal LiteralString Mapping "
-        "MappingView Match MutableMapping MutableSequence MutableSet NamedTuple Never NewType NoReturn "
+        "MappingView Match MutableMapping MutableSequence MutableSet Never NewType NoReturn "
         "NotRequired Optional OrderedDict ParamSpec ParamSpecArgs ParamSpecKwargs Pattern Protocol "
         "Required Reversible Self Sequence Set Sized SupportsAbs SupportsBytes SupportsComplex "
         "SupportsFloat SupportsIndex SupportsInt SupportsRound TYPE_CHECKING Text TextIO Tuple Type "
         "TypeAlias TypeGuard TypeVar TypeVarTuple TypedDict Union Unpack ValuesView assert_never "
         "assert_type cast final get_args get_origin is_typeddict overload runtime_checkable"
-    ),
-    "dataclasses": _names(
-        "Field FrozenInstanceError InitVar KW_ONLY MISSING asdict astuple dataclass field fields "
-        "is_dataclass replace"
     ),
     "textwrap": _names("TextWrapper dedent fill indent shorten wrap"),
     "unicodedata": _names(
@@ -278,6 +288,12 @@ class UnsafeCodeError(RatchetError):
     """Tool code that the static check refuses to run."""
 
 
+class ToolCallError(RatchetError, ValueError):
+    """A call `run_tool` cannot make: a limit out of range (a timeout of inf or nan), arguments
+    that are not JSON, or a caller too deep in its stack. The settings refuse such limits; a
+    library caller gets the same one line instead of an OverflowError from deep inside."""
+
+
 @dataclass(frozen=True)
 class SandboxResult:
     """Outcome of one tool call: `value` is the JSON-decoded return value when `ok`."""
@@ -306,6 +322,8 @@ def validate_tool_code(source: str, entry: str = "run") -> None:
     try:
         with _parse_lock:
             tree = ast.parse(source)
+    except (RecursionError, MemoryError):  # CPython's parser on e.g. 10,000 nested `not`s
+        raise UnsafeCodeError("tool code is nested too deeply to check", "flatten its expressions") from None
     except SyntaxError as exc:
         raise UnsafeCodeError(f"tool code line {exc.lineno}: does not parse ({_one_line(exc.msg)})") from None
     except ValueError as exc:  # e.g. null bytes
@@ -481,12 +499,78 @@ def run_tool(
     Failures of the tool (exceptions, timeouts, memory, forbidden actions, a non-JSON
     result) come back as `ok=False` with a one-line `error`; code that fails
     `validate_tool_code` raises `UnsafeCodeError` and is never run, and so does any code
-    when the OS-level isolation is unavailable (`SandboxUnavailableError`).
+    when the OS-level isolation is unavailable (`SandboxUnavailableError`). A timeout or
+    memory limit out of range, or arguments that are not JSON, raise `ToolCallError`.
 
     The scratch dir is `/scratch` inside: a fresh tmpfs of `MAX_SCRATCH_BYTES` that
     vanishes with the call, or `scratch_dir` from the host, bound read-write. Nothing here
     reads the scratch dir afterwards.
+
+    The call runs on a thread of its own, started and awaited with C calls only (a
+    `threading.Thread` takes a dozen Python frames to start): a caller deep in a recursion
+    gets its result like any other, never a RecursionError from halfway through with a child
+    left running.
     """
+    outcome: list[SandboxResult | BaseException] = []
+    try:
+        done = _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(
+            _keep, (outcome, done, source, args, entry, timeout_s, memory_mb, scratch_dir, validate)
+        )
+        done.acquire()  # released by the worker; a signal (Ctrl-C) still interrupts it
+    except RecursionError:  # the caller used up the stack to the last frame
+        raise ToolCallError(
+            "run_tool was called too deep in the stack",
+            f"call it with room below the recursion limit ({sys.getrecursionlimit()})",
+        ) from None
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _keep(outcome: list[SandboxResult | BaseException], done: Any, *call: Any) -> None:
+    """The worker thread: leaves the result, or the exception, for the caller's thread to return or
+    raise. Nothing waits for it at exit; bwrap's --die-with-parent then ends the sandbox with it."""
+    try:
+        outcome.append(_run_tool(*call))
+    except BaseException as exc:
+        outcome.append(exc)
+    finally:
+        done.release()
+
+
+def _check_limits(timeout_s: object, memory_mb: object) -> None:
+    """What the settings allow (ratchet/config.py) is what run_tool can enforce; nan, inf and
+    1e300 otherwise surfaced as OverflowError from math.ceil or poll."""
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not 0 < timeout_s <= MAX_TIMEOUT_S
+    ):
+        raise ToolCallError(
+            f"tool timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:.0f}, "
+            f"not {_one_line(repr(timeout_s), 60)}",
+            "pass a finite timeout_s (the settings' tool_timeout_s is one)",
+        )
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or not 1 <= memory_mb <= MAX_MEMORY_MB:
+        raise ToolCallError(
+            f"tool memory limit must be a whole number of MB from 1 to {MAX_MEMORY_MB}, "
+            f"not {_one_line(repr(memory_mb), 60)}",
+            "pass memory_mb as the settings' tool_memory_mb",
+        )
+
+
+def _run_tool(
+    source: str,
+    args: dict[str, Any],
+    entry: str,
+    timeout_s: float,
+    memory_mb: int,
+    scratch_dir: Path | None,
+    validate: bool,
+) -> SandboxResult:
+    _check_limits(timeout_s, memory_mb)
     if validate:
         validate_tool_code(source, entry)
     isolation = _isolation()
@@ -519,10 +603,17 @@ def run_tool(
         "max_result": MAX_RESULT_BYTES,
         "max_output": MAX_OUTPUT_CHARS,
     }
+    try:
+        encoded = json.dumps(job).encode()
+    except (TypeError, ValueError, RecursionError) as exc:  # a set, an object, a cycle, 1,000 nested lists
+        raise ToolCallError(
+            f"tool arguments are not JSON ({_one_line(exc, 120)})",
+            "pass dicts with str keys, lists, str, numbers, booleans and None",
+        ) from None
     # Anonymous files, not pipes: no deadlock, no path the tool could open, and
     # RLIMIT_FSIZE caps whatever the child writes to them.
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout:
-        stdin.write(json.dumps(job).encode())
+        stdin.write(encoded)
         stdin.seek(0)
         start = time.monotonic()
         proc = _spawn(isolation, host_scratch, stdin, stdout)

@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from ratchet.skills.sandbox import (
     MAX_OUTPUT_CHARS,
     SandboxResult,
     SandboxUnavailableError,
+    ToolCallError,
     UnsafeCodeError,
     run_tool,
     validate_tool_code,
@@ -53,14 +54,17 @@ def run(a: float, b: float) -> dict:
 
 def test_realistic_tool_passes_both_layers() -> None:
     # Catches a validator or guard that is too strict for code we want: classes with private
-    # state, super(), dataclasses and lazily imported stdlib internals (strptime, statistics).
+    # state, super(), annotations and lazily imported stdlib internals (strptime, statistics).
+    # (`dataclasses` is off the list: tests/test_sandbox_allowlist.py.)
     source = """
 import collections, datetime, random, statistics
-from dataclasses import dataclass
+from typing import Optional
 
-@dataclass
 class Tally:
     name: str
+
+    def __init__(self, name: str, note: Optional["Tally"] = None) -> None:
+        self.name = name
 
 class Counter(collections.Counter):
     def __init__(self, items):
@@ -346,6 +350,215 @@ def test_a_tool_killed_by_a_signal_says_so(monkeypatch: pytest.MonkeyPatch) -> N
 def test_inner_guards_still_let_the_tool_stat_its_scratch_dir() -> None:
     source = "import os\ndef run():\n    open('f', 'w').write('abc')\n    return os.stat('f').st_size\n"
     assert run_tool(source, {}, validate=False).value == 3
+
+
+# The review's attack on the audit hook, from code already past the allow-list (validate=False):
+# the path check was a closure reachable from the os.stat wrapper (`os.stat.__closure__`), and
+# replacing its `realpath` cell (which CPython does not audit) let the tool read /usr/bin/env,
+# write /tmp/x and list /usr. Each variant tries another way to rewire the checker, then the
+# three operations; the checker must still refuse all three.
+GUARD_ATTACK = '''
+import builtins, os, posixpath, sys
+
+def functions_in_reach(root):
+    """Every Python function reachable from `root` through closures, bound state and defaults."""
+    seen, todo, found = set(), [root], []
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if type(value).__name__ == "function":
+            found.append(value)
+            todo += [c.cell_contents for c in value.__closure__ or () if c.cell_contents is not None]
+            todo += list(value.__defaults__ or ()) + list((value.__kwdefaults__ or {}).values())
+        elif type(value).__name__ == "method":
+            todo += [value.__func__, value.__self__]
+        elif type(value) in (tuple, list, frozenset):
+            todo += list(value)
+    return found
+
+def everything_inside(*args, **kwargs):
+    return "/scratch/x"
+
+def closure_walk():
+    for fn in functions_in_reach(os.stat):
+        for cell in fn.__closure__ or ():
+            contents = cell.cell_contents
+            if callable(contents) and getattr(contents, "__name__", "") in ("realpath", "fsdecode"):
+                cell.cell_contents = everything_inside
+            elif type(contents) is list:
+                contents.append(True)  # a re-entrancy flag that skips the checks
+
+def code_swap():
+    refused = []
+    for fn in functions_in_reach(os.stat):
+        try:  # a function with free variables takes only code with as many: those fail
+            fn.__code__ = (lambda *args, **kwargs: True).__code__
+        except (ValueError, PermissionError) as exc:
+            refused.append(str(exc))
+    if refused:
+        raise PermissionError("; ".join(refused))
+
+def stdlib_patch():
+    os.path.realpath = posixpath.realpath = everything_inside
+    os.fsdecode = lambda path: "/scratch/x"
+    os.stat_result.st_mode = property(lambda self: 0o100644)  # no directory is a directory
+    os.getcwd = lambda: "/scratch"
+    os.readlink = lambda *args, **kwargs: "/scratch"
+    builtins.any = lambda *args: True
+    builtins.type = lambda *args: str
+
+def child_globals():
+    main = vars(sys.modules["__main__"])
+    for name, value in list(main.items()):
+        if callable(value) and not isinstance(value, type):
+            main[name] = lambda *args, **kwargs: True
+
+def trace_locals():
+    def tracer(frame, event, arg):
+        for name in ("full", "path"):
+            if name in frame.f_locals and frame.f_code.co_filename == "<string>":
+                frame.f_locals[name] = "/scratch/x"
+        return tracer
+    sys.settrace(tracer)
+
+def attempt(fn):
+    try:
+        fn()
+    except Exception as exc:  # not type(exc): stdlib_patch replaced the builtin `type`
+        return f"{exc.__class__.__name__}: {exc}"
+    return "ok"
+
+def run(variant):
+    rewired = attempt(globals()[variant])
+    return {
+        "rewired": rewired,
+        "read": attempt(lambda: open("/usr/bin/env", "rb").read(4)),
+        "write": attempt(lambda: open("/tmp/x", "w").write("x")),
+        "list": attempt(lambda: os.listdir("/usr")),
+        "stat": attempt(lambda: os.stat("/usr/bin")),
+    }
+'''
+
+
+@pytest.mark.parametrize(
+    "variant", ["closure_walk", "code_swap", "stdlib_patch", "child_globals", "trace_locals"]
+)
+def test_tool_code_cannot_switch_off_the_audit_hooks_path_checks(variant: str) -> None:
+    outcome = run_tool(GUARD_ATTACK, {"variant": variant}, validate=False).value
+    assert outcome is not None
+    for what in ("read", "write", "list"):
+        assert outcome[what].startswith("PermissionError: sandbox blocked"), (what, outcome)
+    if variant == "code_swap":  # CPython audits it, and the hook refuses it for its own functions
+        assert outcome["rewired"].startswith("PermissionError: sandbox blocked changing its guard"), outcome
+
+
+def test_putting_the_unwrapped_os_stat_back_is_a_known_miss() -> None:
+    """Code past the allow-list can reach the real os.stat (the wrapper's bound state, or a fresh
+    `posix` module from the import system) and stat what the OS layer shows; the hook holds."""
+    source = GUARD_ATTACK + "\ndef unwrap():\n    os.stat = os.stat.__self__[0]\n"
+    outcome = run_tool(source, {"variant": "unwrap"}, validate=False).value
+    assert outcome["rewired"] == "ok" and outcome["stat"] == "ok", outcome
+    assert outcome["read"].startswith("PermissionError: sandbox blocked reading"), outcome
+
+
+def test_the_guards_functions_hold_nothing_tool_code_could_rewire() -> None:
+    """No globals, builtins or closure cells (all of which tool code past the allow-list can
+    change), and no nested functions: only what their bound state tuple holds."""
+    import dis
+    import types
+
+    from ratchet.skills import sandbox_child
+
+    for fn in sandbox_child.GUARD_FUNCTIONS:
+        code = fn.__code__
+        assert code.co_freevars == code.co_cellvars == (), fn
+        assert not [k for k in code.co_consts if isinstance(k, types.CodeType)], fn
+        names = ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF")
+        looked_up = [i.argval for i in dis.get_instructions(fn) if i.opname in names]
+        assert looked_up == [], (fn.__name__, looked_up)
+
+
+# ------------------------------------------------------------------ library calls: one clear error
+
+
+def _free_frames() -> int:
+    """How many more nested Python calls the stack has room for, here."""
+
+    def probe(depth: int) -> int:
+        try:
+            return probe(depth + 1)
+        except RecursionError:
+            return depth
+
+    return probe(0)
+
+
+def _with_room(room: int, call: Callable[[], SandboxResult]) -> SandboxResult:
+    """`call()` from a frame with about `room` frames left below the recursion limit (measured:
+    pytest's C calls use up more of the limit than its frames show)."""
+
+    def down(levels: int) -> SandboxResult:
+        if levels > 0:
+            return down(levels - 1)
+        return down(0) if _free_frames() > room else call()
+
+    return down(max(_free_frames() - room - 20, 0))
+
+
+@pytest.mark.parametrize("room", [1, 3, 8])
+def test_run_tool_from_a_deep_stack_returns_its_result(room: int) -> None:
+    """The old run_tool raised RecursionError from halfway through the call with 8 frames left."""
+    result = _with_room(room, lambda: run_tool("def run():\n    return 1\n", {}))
+    assert result.ok and result.value == 1, result
+
+
+SIMPLE = "def run():\n    return 1\n"
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), float("nan"), 1e300, -1.0, 0, True, "5"])
+def test_a_timeout_run_tool_cannot_enforce_is_one_clear_error(timeout_s: object) -> None:
+    with pytest.raises(ToolCallError, match="tool timeout must be a number of seconds above 0") as info:
+        run_tool(SIMPLE, {}, timeout_s=timeout_s)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("memory_mb", [0, -1, 2**60, 1.5, True])
+def test_a_memory_limit_run_tool_cannot_enforce_is_one_clear_error(memory_mb: object) -> None:
+    with pytest.raises(ToolCallError, match="tool memory limit must be a whole number of MB"):
+        run_tool(SIMPLE, {}, memory_mb=memory_mb)  # type: ignore[arg-type]
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _cycle() -> dict:
+    value: dict = {}
+    value["self"] = value
+    return value
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{"x": {1, 2}}, {"x": object()}, {"x": _nested(100_000)}, _cycle()],
+    ids=["set", "object", "deep", "cycle"],
+)
+def test_arguments_that_are_not_json_are_one_clear_error(args: dict) -> None:
+    with pytest.raises(ToolCallError, match=r"tool arguments are not JSON \(") as info:
+        run_tool("def run(**kwargs):\n    return 1\n", args)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("body", ["not " * 4_000 + "1", "-" * 19_000 + "1"], ids=["not", "minus"])
+def test_code_nested_too_deeply_to_parse_is_refused_in_one_line(body: str) -> None:
+    """CPython's parser raises RecursionError or MemoryError on these: not a refusal, before."""
+    with pytest.raises(UnsafeCodeError, match="tool code is nested too deeply to check"):
+        run_tool(f"def run():\n    return {body}\n", {})
 
 
 # ------------------------------------------------------------------ no isolation, no run
@@ -662,7 +875,7 @@ def test_tools_using_every_allowed_module_still_pass_both_layers() -> None:
     source = """
 import bisect, decimal, fractions, functools, heapq, itertools, json, math, operator, re
 import string, textwrap, unicodedata
-from collections import Counter, defaultdict, deque, namedtuple
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from typing import Any, Dict, List, Optional
 
@@ -676,7 +889,7 @@ def run(text: str, items: Optional[List[int]] = None) -> Dict[str, Any]:
     items = items or [5, 1, 4]
     heap = list(items)
     heapq.heapify(heap)
-    pair = namedtuple("Pair", "a b")(1, 2)
+    pair = (1, 2)
     return {
         "words": re.findall(r"[a-z]+", text.lower()),
         "sum": functools.reduce(operator.add, items),
@@ -693,7 +906,7 @@ def run(text: str, items: Optional[List[int]] = None) -> Dict[str, Any]:
         "count": Counter(text).most_common(1)[0][1],
         "dd": defaultdict(int)["x"],
         "dq": deque([1, 2], maxlen=1)[0],
-        "pair": pair.b,
+        "pair": pair[1],
         "fib": fib(20),
         "iterable": isinstance(items, Iterable),
         "key": sorted([{"n": 2}, {"n": 1}], key=operator.itemgetter("n"))[0]["n"],
