@@ -17,9 +17,10 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import AfterValidator, BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ratchet.config import Settings
 from ratchet.dashboard.auth import TokenRequired, ensure_token
@@ -47,12 +48,20 @@ class Decision(BaseModel):
 def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastAPI:
     lib = library or open_library(settings)
     agent_versions.follow(settings, lib)  # MLflow's agent versions and prompts follow every decision
-    app = FastAPI(title="ratchet", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    # No Swagger UI or ReDoc: their pages load scripts from a CDN (no integrity check) on this
+    # origin, whose localStorage holds the token. The API's description stays, as JSON.
+    app = FastAPI(title="ratchet", docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
     # outermost last: Host/Origin, then the token, then the body's size, all before the body is read
     app.state.token = ensure_token(settings.data_dir)
     app.add_middleware(BodyLimit)
     app.add_middleware(TokenRequired, token=app.state.token)
     app.add_middleware(LoopbackOnly)
+    app.add_middleware(PageHeaders)
+
+    @app.get("/api/docs", include_in_schema=False)
+    def docs() -> RedirectResponse:
+        """Where `ratchet dashboard` and `ratchet api` point: the description, not a page."""
+        return RedirectResponse("/api/openapi.json")
 
     @app.exception_handler(RatchetError)
     def ratchet_error(request: Request, exc: RatchetError) -> Response:
@@ -164,6 +173,42 @@ def create_app(settings: Settings, library: SkillLibrary | None = None) -> FastA
         return decide(registry, str(version), action, decision) | {"status": registry.get(version).status}
 
     return app
+
+
+# Every answer's: scripts, styles and fetches only from this origin (inline styles: the
+# plots are inline SVG), no plug-ins, no framing (a framed page's buttons could be clicked
+# for the user), no <base> rewriting where the script comes from.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+PAGE_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+class PageHeaders:
+    """ASGI middleware: `PAGE_HEADERS` on every answer, refusals included, so a browser
+    itself refuses any script from elsewhere on this origin."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in PAGE_HEADERS if k not in names]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def detail(code: int, text: str, headers: dict[str, str] | None = None) -> JSONResponse:

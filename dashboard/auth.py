@@ -10,9 +10,11 @@ longer promote or reject under any name it likes.
   with `O_EXCL` where the filesystem has no hard links): a file that exists is never
   overwritten, so two starts at once agree on one token and URLs printed earlier stay
   valid. A token file that others may read (group or world bits), that another user
-  owns, that is a symlink or that is damaged is refused with one line: its token may have
-  leaked or been planted, and changing its mode would not undo that. Delete it to get a
-  new one.
+  owns, that is a symlink, that has a second name (a hard link: another data dir's token
+  file, whose token it would share) or that is damaged is refused with one line: its token
+  may have leaked or been planted, and changing its mode would not undo that. Delete it to
+  get a new one. The checks are `ratchet.http_guard.read_private_token`'s, shared with the
+  model server's admin token.
 * **How a client sends it**: `Authorization: Bearer TOKEN`, compared with
   `hmac.compare_digest`. Never from a cookie and never from the query string: a change
   carrying the token only in its URL is refused like one without it.
@@ -35,20 +37,26 @@ longer promote or reject under any name it likes.
 
 from __future__ import annotations
 
-import hmac
 import os
-import re
 import secrets
-import stat
+import time
 from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ratchet.dashboard.hosts import SAFE_METHODS, headers_of, refuse
 from ratchet.errors import StateFileError
+from ratchet.http_guard import (  # noqa: F401 - presented, matches, TOKEN_RE: this module's API
+    TOKEN_RE,
+    NotPrivate,
+    matches,
+    presented,
+    read_private_token,
+    write_private_token,
+)
 
 TOKEN_FILE = "dashboard.token"  # in the data dir; hard-coded, not a setting
-TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
+SETTLE_S = 1.0  # how long a start waits for a concurrent first start to drop its temporary link
 
 
 def token_path(data_dir: Path) -> Path:
@@ -62,31 +70,19 @@ def _refused(path: Path, why: str) -> StateFileError:
     )
 
 
-def read_token(data_dir: Path) -> str:
-    """The data dir's token, refused unless only its owner (this user) can read it."""
+def read_token(data_dir: Path, settle_s: float = 0.0) -> str:
+    """The data dir's token, refused unless only its owner (this user) can read it and it has
+    one name (a hard link from another data dir would share its token). `settle_s`: how long
+    a second link may be a concurrent first start's temporary one (`ensure_token`)."""
     path = token_path(data_dir)
-    try:  # no symlink followed, no wait on a FIFO
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        if path.is_symlink():
-            raise _refused(path, "is a symlink") from None
-        raise _refused(path, f"cannot be read ({exc.strerror})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _refused(path, "is not a file")
-        if info.st_uid != os.geteuid():
-            raise _refused(path, f"belongs to another user (uid {info.st_uid})")
-        if info.st_mode & 0o077:
-            mode = stat.S_IMODE(info.st_mode)
-            raise _refused(path, f"may be read by others (mode {mode:04o}): it may have leaked")
-        raw = os.read(fd, 256)
-    finally:
-        os.close(fd)
-    token = raw.decode("ascii", "replace").strip()
-    if not TOKEN_RE.match(token):
-        raise _refused(path, "is damaged (not a token)")
-    return token
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            return read_private_token(path)
+        except NotPrivate as exc:
+            if not exc.linked or time.monotonic() >= deadline:
+                raise _refused(path, str(exc)) from None
+        time.sleep(0.02)
 
 
 def ensure_token(data_dir: Path) -> str:
@@ -96,42 +92,19 @@ def ensure_token(data_dir: Path) -> str:
     if not path.exists() and not path.is_symlink():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        _write_private(tmp)
+        write_private_token(tmp)
         try:
             os.link(tmp, path)  # fails if it exists: never replaces a token
         except FileExistsError:
             pass
         except OSError:  # a filesystem without hard links: create in place, still never over one
             try:
-                _write_private(path)
+                write_private_token(path)
             except FileExistsError:
                 pass
         finally:
             tmp.unlink(missing_ok=True)
-    return read_token(data_dir)
-
-
-def _write_private(path: Path) -> None:
-    """A new token in a new file (`O_EXCL`: never an existing one), mode 0600, fsynced."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)  # whatever the umask
-        f.write(secrets.token_urlsafe(32) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def presented(headers: dict[str, str]) -> str | None:
-    """The token a request carries in `Authorization: Bearer ...`, or None."""
-    scheme, _, value = headers.get("authorization", "").partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
-def matches(token: str, candidate: str | None) -> bool:
-    """Constant-time comparison (bytes: a header may hold any latin-1 text)."""
-    if candidate is None:
-        return False
-    return hmac.compare_digest(candidate.encode("latin-1", "replace"), token.encode("ascii"))
+    return read_token(data_dir, settle_s=SETTLE_S)
 
 
 class TokenRequired:

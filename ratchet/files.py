@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -83,10 +84,11 @@ def read_jsonl_numbered(path: Path, model: type[M], what: str) -> list[tuple[int
             records.append((number, model.model_validate_json(line)))
         except (ValidationError, ValueError):
             if torn_tail and number == len(lines):
+                quoted = shlex.quote(str(path))  # the command must give a shell back this very path
                 raise StateFileError(
                     f"{what} {path} ends in a torn line {number} (a write was killed half-way)",
                     f"that change was never completed, so it did not happen: delete the line "
-                    f"(sed -i '{number}d' {path}) and run again",
+                    f"(sed -i '{number}d' {quoted}) and run again",
                 ) from None
             raise StateFileError(
                 f"{what} {path} line {number} is damaged (not a valid record)",

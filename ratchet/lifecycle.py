@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import threading
 import unicodedata
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
@@ -211,10 +212,11 @@ def check_history(numbered: Iterable[tuple[int, Record]], path: Path, what: str)
         elif seen is not None and to != frm and to not in TRANSITIONS[seen[1]]:
             problem = f"moves {name} {frm} → {to}, which the lifecycle does not allow"
         if problem:
+            quoted = shlex.quote(str(path))  # the command must give a shell back this very path
             raise StateFileError(
                 f"{what} {path} line {number} {problem}",
                 f"ratchet did not write that line and nothing is live on its word: restore the file "
-                f"from a backup, or delete the line if it was added by hand (sed -i '{number}d' {path})",
+                f"from a backup, or delete the line if it was added by hand (sed -i '{number}d' {quoted})",
             )
         at[r.name] = (number, to)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -14,6 +15,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--models-dir", type=Path, required=True)
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="the only tree adapters are loaded from, and where the admin token's file goes "
+        "(default: the models dir's parent)",
+    )
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=int(os.environ.get("RATCHET_SERVER_THREADS", "2")))
     p.add_argument(
@@ -60,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         _exit_with_parent(args.parent_pid)
 
     _skip_unused_imports()
-    from ratchet.server.launcher import check_port_free
+    from ratchet.server.launcher import TOKEN_ENV, check_port_free, remove_token_file, write_token_file
 
     try:
         check_port_free(args.host, args.port)
@@ -88,11 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         **({} if args.shape_buckets is None else {"shape_buckets": args.shape_buckets}),
         **({} if args.kv_dtype == "auto" else {"kv_dtype": getattr(torch, args.kv_dtype)}),
     )
-    app = create_app(engine, BASE_MODEL_NAME)
+    data_dir = (args.data_dir or args.models_dir.resolve().parent).resolve()
+    # the launcher's token (never in argv: every local user can read that), or, started by
+    # hand (`ratchet serve`), a new one; this user's other processes read it from its file
+    token = os.environ.pop(TOKEN_ENV, "") or secrets.token_urlsafe(32)
+    written = write_token_file(data_dir, args.port, token)
+    app = create_app(engine, BASE_MODEL_NAME, token=token, data_dir=data_dir)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         engine.close()
+        remove_token_file(written, token)
     return 0
 
 

@@ -13,8 +13,17 @@ the prompt itself and constrains the output with xgrammar:
 
 Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
 `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (vLLM's request shape:
-`{"lora_name": ..., "lora_path": ...}`; afterwards the adapter is addressed as `model`).
-Only loopback binding is supported: there is no authentication.
+`{"lora_name": ..., "lora_path": ...}`; afterwards the adapter is addressed as `model`),
+`POST /reset_prefix_cache`.
+
+Only loopback binding is supported. A web page reaches a loopback server through the
+user's browser, so every route answers only loopback Host names, no foreign Origin and
+only JSON bodies (`ratchet.http_guard`: DNS rebinding, cross-site posts). Every change but a
+chat completion (all but `OPEN`: which adapter serves under which name, the cache) needs the
+token of this start (`AdminToken`): `server.launcher` makes one per start and hands it over
+in the environment, never in argv, which every local user can read. An adapter is loaded
+only from inside the data dir the server was started for, after resolving every link, and
+`/v1/models` names adapters, never their paths.
 """
 
 from __future__ import annotations
@@ -24,12 +33,15 @@ import json
 import time
 import uuid
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ratchet.http_guard import SAFE_METHODS, LoopbackOnly, headers_of, matches, presented, refuse
 from ratchet.server.engine import AdapterError, Engine, GenRequest, GenResult
 from ratchet.server.memory import resident_mb
 from ratchet.server.sse import sse_chunks
@@ -59,12 +71,68 @@ class LoraRequest(BaseModel):
     lora_path: str = ""
 
 
+# the only change any local client may make without the token: asking the model
+OPEN = frozenset({"/v1/chat/completions"})
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind}})
 
 
-def create_app(engine: Engine, model_name: str) -> FastAPI:
-    app = FastAPI(title="ratchet embedded model server")
+class AdminToken:
+    """ASGI middleware: any request but a read or a chat completion must carry `token` in
+    `Authorization: Bearer` (401 without, 403 with a wrong one), checked before its body is
+    read. No token (None): every such request is refused."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in SAFE_METHODS and scope["path"] not in OPEN:
+            candidate = presented(headers_of(scope))
+            if candidate is None:
+                await refuse(scope, receive, send, 401, NO_TOKEN, www_authenticate="Bearer")
+                return
+            if self.token is None or not matches(self.token, candidate):
+                await refuse(scope, receive, send, 403, WRONG_TOKEN)
+                return
+        await self.app(scope, receive, send)
+
+
+NO_TOKEN = "refused: this route needs the server's admin token (Authorization: Bearer)"
+WRONG_TOKEN = "refused: that is not this server's admin token"
+
+
+def adapter_problem(path: str, data_dir: Path | None) -> str | None:
+    """Why the adapter at `path` may not be loaded, or None: it must lie inside `data_dir`
+    once every link is resolved, and so must each file of it the loader reads (a link inside
+    the data dir pointing out is refused too)."""
+    if data_dir is None:
+        return "this server loads no adapters (started without a data dir)"
+    if not path or not Path(path).is_absolute():
+        return "lora_path must be an absolute path"
+    root = data_dir.resolve()
+    try:
+        where = Path(path).resolve()
+        resolved = [where, *((where / name).resolve() for name in ADAPTER_FILES)]
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a link loop
+        return "lora_path cannot be resolved"
+    if any(p != root and root not in p.parents for p in resolved):
+        return "adapters are loaded only from inside the server's data dir (after resolving links)"
+    return None
+
+
+def create_app(
+    engine: Engine, model_name: str, token: str | None = None, data_dir: Path | None = None
+) -> FastAPI:
+    """The server's app. `token`: the admin routes' (None: they refuse every request);
+    `data_dir`: the only place adapters are loaded from (None: nowhere)."""
+    # no /docs, /redoc, /openapi.json: Swagger's page loads its script from a CDN
+    app = FastAPI(title="ratchet embedded model server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(AdminToken, token=token)
+    app.add_middleware(LoopbackOnly, every_method=True)  # outermost: before the token
     started = int(time.time())
 
     @lru_cache(maxsize=256)
@@ -91,17 +159,12 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
+        """The base model and each adapter by name; vLLM's `root` (the adapter's path on disk)
+        is left out: no client needs it, and it would map the data dir for any reader."""
         data = [{"id": model_name, "object": "model", "created": started, "owned_by": "ratchet"}]
         data += [
-            {
-                "id": a,
-                "object": "model",
-                "created": started,
-                "owned_by": "ratchet",
-                "parent": model_name,
-                "root": path,
-            }
-            for a, path in sorted(engine.adapters.items())
+            {"id": a, "object": "model", "created": started, "owned_by": "ratchet", "parent": model_name}
+            for a in sorted(engine.adapters)
         ]
         return {"object": "list", "data": data}
 
@@ -109,8 +172,11 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     def load_lora(req: LoraRequest) -> Any:
         if req.lora_name == model_name:
             return _error(400, f"adapter name {req.lora_name!r} is the base model's name")
+        problem = adapter_problem(req.lora_path, data_dir)
+        if problem is not None:
+            return _error(400, f"cannot load adapter {req.lora_name!r}: {problem}")
         try:
-            engine.load_adapter(req.lora_name, req.lora_path)
+            engine.load_adapter(req.lora_name, str(Path(req.lora_path).resolve()))  # the path checked
         except AdapterError as exc:
             return _error(400, str(exc))
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")

@@ -1,9 +1,20 @@
-"""Start and stop the embedded server as a child process, and check any endpoint is reachable."""
+"""Start and stop the embedded server as a child process, and check any endpoint is reachable.
+
+The server's admin routes (loading and unloading adapters, emptying the prefix cache) need
+the token of its start (`ratchet.server.app`). `EmbeddedServer` makes one per start, hands it
+to the child in `TOKEN_ENV` (the environment: readable by this user only; argv is readable by
+every local user) and remembers it for this process's clients (`admin_token`). The server
+writes it, 0600, to `DATA_DIR/model-server-PORT.token` (`token_file`) for this user's other
+processes: a client that loads an adapter finds it by walking up from the adapter's path,
+which the server accepts only inside that data dir anyway.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -15,10 +26,78 @@ from types import TracebackType
 
 import httpx
 
+from ratchet import services
 from ratchet.errors import EndpointError, PortInUseError
+from ratchet.http_guard import LOOPBACK, NotPrivate, read_private_token, write_private_token
 from ratchet.server.precision import Precision
 
 READY_TIMEOUT_S = 300.0  # first start converts the GGUF (~20 s quiet, more on a loaded box)
+TOKEN_ENV = "RATCHET_SERVER_TOKEN"  # the child's environment only: never set it yourself
+_STARTED: dict[str, str] = {}  # http://host:port -> admin token, of the servers this process runs
+log = logging.getLogger(__name__)
+
+
+def token_file(data_dir: Path, port: int) -> Path:
+    """Where the server on `port` started for `data_dir` keeps its admin token (mode 0600)."""
+    return Path(data_dir) / f"model-server-{port}.token"
+
+
+def write_token_file(data_dir: Path, port: int, token: str) -> Path | None:
+    """Write `token` for this user's other processes (an earlier start's file on the same
+    port is replaced); None where the data dir cannot take it (only this process's clients,
+    which `admin_token` tells, can then use the admin routes)."""
+    path = token_file(data_dir, port)
+    try:
+        path.unlink(missing_ok=True)
+        write_private_token(path, token)
+    except OSError as exc:
+        log.warning(
+            "cannot write %s (%s): only the process that started the server may load adapters", path, exc
+        )
+        return None
+    return path
+
+
+def remove_token_file(path: Path | None, token: str) -> None:
+    """Delete the token file if it still holds `token` (a later start's file stays)."""
+    if path is None:
+        return
+    try:
+        if read_private_token(path) == token:
+            path.unlink()
+    except (OSError, NotPrivate):
+        pass
+
+
+def _root(base_url: str) -> str:
+    """'http://127.0.0.1:8000/v1' -> 'http://127.0.0.1:8000'."""
+    url = httpx.URL(base_url)
+    return f"{url.scheme}://{url.host}:{url.port}"
+
+
+def admin_token(base_url: str, near: Path | None = None) -> str | None:
+    """The admin token of the ratchet server at `base_url`: the one this process started it
+    with, else (a loopback server started by another process of this user) the token file of
+    the data dir holding `near` (the folder or any folder above it). None: not known."""
+    if (token := _STARTED.get(_root(base_url))) is not None:
+        return token
+    url = httpx.URL(base_url)
+    if near is None or url.host.lower() not in LOOPBACK or url.port is None:
+        return None
+    for folder in (Path(near).resolve(), *Path(near).resolve().parents):
+        path = token_file(folder, url.port)
+        if path.is_file() or path.is_symlink():
+            try:
+                return read_private_token(path)
+            except NotPrivate:  # planted by someone else, or damaged: never sent anywhere
+                continue
+    return None
+
+
+def admin_headers(base_url: str, api_key: str = "x", near: Path | None = None) -> dict[str, str]:
+    """The `Authorization` header for an admin route: the ratchet server's token where known,
+    else `api_key` (a vLLM server's own key)."""
+    return {"Authorization": f"Bearer {admin_token(base_url, near) or api_key}"}
 
 
 def check_port_free(
@@ -81,11 +160,13 @@ def served_dtype(base_url: str, timeout: float = 10.0) -> str | None:
     return dtype if isinstance(dtype, str) and re.fullmatch(r"[a-z0-9_]{1,32}", dtype) else None
 
 
-def reset_prefix_cache(base_url: str, timeout: float = 30.0) -> None:
+def reset_prefix_cache(base_url: str, timeout: float = 30.0, near: Path | None = None) -> None:
     """Empty a ratchet (or vLLM) server's prefix cache (`POST /reset_prefix_cache`), so that
-    replies meant to be compared token for token are each prefilled from the same state."""
+    replies meant to be compared token for token are each prefilled from the same state.
+    `near`: a folder of the server's data dir, where another process started it."""
     root = base_url.rstrip("/").removesuffix("/v1")
-    httpx.post(f"{root}/reset_prefix_cache", timeout=timeout).raise_for_status()
+    headers = admin_headers(base_url, near=near)
+    httpx.post(f"{root}/reset_prefix_cache", json={}, headers=headers, timeout=timeout).raise_for_status()
 
 
 _PING_TOOL = {
@@ -146,7 +227,7 @@ def ensure_adapter(base_url: str, name: str, path: Path, api_key: str = "x", tim
         r = httpx.post(
             f"{base_url}/load_lora_adapter",
             json={"lora_name": name, "lora_path": str(path)},
-            headers={"Authorization": f"Bearer {api_key}"},
+            headers=admin_headers(base_url, api_key, near=path),  # the server's token, found from the path
             timeout=timeout,
         )
     except httpx.HTTPError as exc:
@@ -160,6 +241,13 @@ def ensure_adapter(base_url: str, name: str, path: Path, api_key: str = "x", tim
             "serve it yourself (llama.cpp: convert it with convert_lora_to_gguf.py, start llama-server "
             "with --lora and --alias NAME), use a vLLM server, or set finetune.mode = 'export'",
         )
+    if r.status_code in (401, 403) and httpx.URL(base_url).host.lower() in LOOPBACK:
+        raise EndpointError(
+            f"{base_url} refused to load adapter {name}: it takes no admin token this process has "
+            f"(HTTP {r.status_code})",
+            "load adapters from the process that started the server, or from one whose adapters lie "
+            "inside the data dir the server was started for (its model-server-PORT.token is there)",
+        )
     if r.status_code != 200:
         detail = r.text[:200].replace("\n", " ")
         raise EndpointError(
@@ -170,7 +258,11 @@ def ensure_adapter(base_url: str, name: str, path: Path, api_key: str = "x", tim
 
 
 class EmbeddedServer:
-    """Context manager: `with EmbeddedServer(models_dir, logs_dir) as base_url: ...`."""
+    """Context manager: `with EmbeddedServer(models_dir, logs_dir) as base_url: ...`.
+
+    `data_dir`: the only tree the server loads adapters from, and where its token file goes;
+    default the log dir's parent (`settings.logs_dir` is DATA_DIR/logs; the models dir may be
+    a link to a shared copy of the base model, as the tests' are)."""
 
     def __init__(
         self,
@@ -186,8 +278,11 @@ class EmbeddedServer:
         runner: tuple[str, ...] = (),
         stop_timeout_s: float = 15.0,
         stop_signal: signal.Signals = signal.SIGTERM,
+        data_dir: Path | None = None,
     ) -> None:
         self.models_dir = models_dir
+        self.data_dir = Path(data_dir if data_dir is not None else Path(logs_dir).parent).resolve()
+        self.token: str | None = None  # the admin token of the running start
         self.server_args = server_args  # more `python -m ratchet.server` flags (benchmarks' arms)
         # python's arguments before `-m ratchet.server`: a profiler that runs a module
         # (`-m memray run --aggregate -o FILE`; bench/profile_generation.py --memray)
@@ -234,6 +329,8 @@ class EmbeddedServer:
             # at ~0.7x; a machine that runs nothing else can set GOMP_SPINCOUNT=10000 for
             # it back (bench/results/decode_arith.json), or OMP_WAIT_POLICY=ACTIVE.
             env["OMP_WAIT_POLICY"] = "PASSIVE"
+        self.token = secrets.token_urlsafe(32)  # a new one per start: an old one opens nothing
+        env[TOKEN_ENV] = self.token  # the environment, never argv: `ps` shows argv to every user
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -247,6 +344,8 @@ class EmbeddedServer:
                     str(self.port),
                     "--models-dir",
                     str(self.models_dir),
+                    "--data-dir",
+                    str(self.data_dir),
                     "--max-batch",
                     str(self.max_batch),
                     "--dtype",
@@ -262,6 +361,7 @@ class EmbeddedServer:
                 env=env,
                 start_new_session=True,
             )
+        services.register("the embedded model server", self.proc.pid)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -270,6 +370,7 @@ class EmbeddedServer:
                 raise EndpointError(f"embedded model server exited at start: {last}", f"see {log_path}")
             try:
                 if httpx.get(f"http://{self.host}:{self.port}/health", timeout=2).status_code == 200:
+                    _STARTED[_root(self.base_url)] = self.token
                     return self.base_url
             except httpx.HTTPError:
                 pass
@@ -280,6 +381,9 @@ class EmbeddedServer:
         )
 
     def stop(self) -> None:
+        if self.token is not None:
+            _STARTED.pop(_root(self.base_url), None)
+            remove_token_file(token_file(self.data_dir, self.port), self.token)  # if it outlived a kill
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -289,6 +393,7 @@ class EmbeddedServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        services.unregister(self.proc.pid)
         self.proc = None
 
     def __enter__(self) -> str:

@@ -131,6 +131,35 @@ def test_every_asset_is_served_here(client: TestClient) -> None:
         assert client.get(a).status_code == 200
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/", "/skills/take-coin-first", "/trajectories/t-win", "/skills/nope", "/api/docs", "/docs", "/redoc"],
+)
+def test_no_page_on_the_dashboards_origin_loads_a_script_from_elsewhere(
+    client: TestClient, path: str
+) -> None:
+    """The token lives in this origin's localStorage: a script from a CDN (Swagger UI's, with
+    no integrity check) could read it. No page names one, and every answer's CSP tells the
+    browser to run scripts from this origin only, and never inside another site's frame."""
+    r = client.get(path)
+    assert "swagger" not in r.text.lower() and "redoc" not in r.text.lower()
+    sources = re.findall(r"<script[^>]*\bsrc=[\"']?([^\"' >]+)", r.text, flags=re.I)
+    assert all(s.startswith(("/static/", "http://127.0.0.1:8780/static/")) for s in sources), sources
+    policy = r.headers.get("content-security-policy", "")
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";") if d.strip())
+    assert directives.get("script-src") == "'self'" and directives.get("default-src") == "'self'"
+    assert directives.get("frame-ancestors") == "'none'" and directives.get("object-src") == "'none'"
+
+
+def test_the_api_is_described_as_json_not_a_page(client: TestClient) -> None:
+    """`ratchet dashboard` and `ratchet api` print /api/docs: it leads to the OpenAPI JSON."""
+    r = client.get("/api/docs")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    assert "/api/skills/{name}/{action}" in r.json()["paths"]
+    for gone in ("/docs", "/redoc", "/api/redoc", "/docs/oauth2-redirect"):
+        assert client.get(gone).status_code == 404
+
+
 def test_a_decision_shows_up_in_the_champion_history(tmp_path: Path) -> None:
     settings = build(tmp_path).settings
     client = authorized(create_dashboard(settings))

@@ -333,6 +333,26 @@ def test_a_symlinked_or_foreign_token_file_is_refused(tmp_path: Path) -> None:
             ensure_token(data)
 
 
+def test_a_token_file_hard_linked_to_another_data_dirs_is_refused(tmp_path: Path) -> None:
+    """A hard link passes every other check (a regular file, this user's, mode 0600), but two
+    data dirs would then share one token: a URL printed for one opens the other's changes."""
+    from ratchet.dashboard.auth import ensure_token, token_path
+    from ratchet.errors import StateFileError
+
+    theirs, mine = tmp_path / "theirs", tmp_path / "mine"
+    first = ensure_token(theirs)
+    mine.mkdir()
+    os.link(token_path(theirs), token_path(mine))
+    for data in (mine, theirs):  # both names of the one file: neither is this data dir's alone
+        settings = load_settings({"data_dir": data})
+        with pytest.raises(StateFileError) as refused:
+            create_app(settings, open_library(settings))
+        line = str(refused.value)
+        assert "2 hard links" in line and "delete it" in line and "\n" not in line and first not in line
+    token_path(mine).unlink()  # what the line says to do: a new token here, the other one works again
+    assert ensure_token(mine) != first and ensure_token(theirs) == first
+
+
 # -- what arrives: sizes and text
 
 

@@ -27,6 +27,7 @@ from ratchet.flows.evolve import evolve_flow
 from ratchet.flows.journal import Journal
 from ratchet.flows.loop import stages_of
 from ratchet.memory.trajectory_store import open_store
+from ratchet.server.launcher import admin_headers
 from ratchet.skills.library import SkillLibrary
 from ratchet.training.registry import AdapterRegistry
 from tests.factories import local_client
@@ -65,7 +66,8 @@ def data(tmp_path: Path, embedded_server: str, base_model_dir: Path) -> Any:
     yield tmp_path
     for m in httpx.get(f"{embedded_server}/models").json()["data"]:
         if m["id"] not in before:
-            httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": m["id"]})
+            headers = admin_headers(embedded_server)  # the server's admin routes need its token
+            httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": m["id"]}, headers=headers)
 
 
 def _settings(data: Path) -> Any:

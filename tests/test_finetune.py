@@ -17,6 +17,7 @@ from ratchet.flows.explore import seed_experts
 from ratchet.flows.finetune import finetune_flow
 from ratchet.flows.launch import run_flow
 from ratchet.flows.runtime import open_runtime
+from ratchet.server.launcher import admin_headers
 from ratchet.server.precision import dtype_name, native_bf16
 from ratchet.suites import get_suite
 from ratchet.training.dataset import build_dataset
@@ -35,7 +36,8 @@ def _unload_new_adapters(embedded_server: str) -> Any:
     yield
     for m in httpx.get(f"{embedded_server}/models").json()["data"]:
         if m["id"] not in before:
-            httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": m["id"]})
+            headers = admin_headers(embedded_server)  # the server's admin routes need its token
+            httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": m["id"]}, headers=headers)
 
 
 def _coin_examples(n_tasks: int) -> list[Any]:

@@ -12,7 +12,7 @@ import pytest
 
 from ratchet.errors import EndpointError, PortInUseError
 from ratchet.server.__main__ import UNUSED_IMPORTS
-from ratchet.server.launcher import EmbeddedServer, check_endpoint, reset_prefix_cache
+from ratchet.server.launcher import EmbeddedServer, admin_headers, check_endpoint, reset_prefix_cache
 from ratchet.toolcalls import to_chatml_messages, tool_call_schema
 
 MODEL = "smollm2-135m-instruct"
@@ -113,7 +113,8 @@ def test_a_reset_prefix_cache_prefills_a_cached_prompt_again(embedded_server):
     prefilled_by_one_request()
     cached, prompt = prefilled_by_one_request()
     assert cached < prompt // 4  # the whole prompt but its last tokens came from the cache
-    r = httpx.post(root + "/reset_prefix_cache")  # the route itself, as a client calls it
+    # the route itself, as a client calls it: JSON, with the token of the server's start
+    r = httpx.post(root + "/reset_prefix_cache", json={}, headers=admin_headers(embedded_server))
     assert r.status_code == 200
     assert prefilled_by_one_request() == (prompt, prompt)
 
@@ -260,7 +261,9 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
     get_peft_model(base, cfg).save_pretrained(adapter_dir)
 
     r = httpx.post(
-        f"{embedded_server}/load_lora_adapter", json={"lora_name": "t1", "lora_path": str(adapter_dir)}
+        f"{embedded_server}/load_lora_adapter",
+        json={"lora_name": "t1", "lora_path": str(adapter_dir)},
+        headers=admin_headers(embedded_server),
     )
     assert r.status_code == 200, r.text
     try:
@@ -285,7 +288,11 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
         expected = tok.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
         assert text == expected
     finally:
-        httpx.post(f"{embedded_server}/unload_lora_adapter", json={"lora_name": "t1"})
+        httpx.post(
+            f"{embedded_server}/unload_lora_adapter",
+            json={"lora_name": "t1"},
+            headers=admin_headers(embedded_server),
+        )
     gone = httpx.post(f"{embedded_server}/chat/completions", json={"model": "t1", "messages": USER})
     assert gone.status_code == 404
     # with its last adapter gone, the base model serves as before
@@ -295,7 +302,7 @@ def test_lora_adapter_loads_by_name_and_matches_peft_in_process(embedded_server,
 
 
 @pytest.mark.integration
-def test_bad_requests_get_clear_errors(embedded_server):
+def test_bad_requests_get_clear_errors(embedded_server, tmp_path):
     r = httpx.post(f"{embedded_server}/chat/completions", json={"model": "gpt-9", "messages": USER})
     assert r.status_code == 404 and "gpt-9" in r.json()["error"]["message"]
     r = httpx.post(f"{embedded_server}/chat/completions", json={"model": MODEL, "messages": USER, "top_p": 0})
@@ -305,7 +312,15 @@ def test_bad_requests_get_clear_errors(embedded_server):
         json={"model": MODEL, "messages": USER, "tools": [{"type": "function", "function": {}}]},
     )
     assert r.status_code == 400 and "malformed" in r.json()["error"]["message"]
-    r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nope"})
+    auth = admin_headers(embedded_server)
+    r = httpx.post(
+        f"{embedded_server}/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nope"}, headers=auth
+    )
+    assert r.status_code == 400 and "inside the server's data dir" in r.json()["error"]["message"]
+    nope = tmp_path / "nope"  # inside the data dir (the session's temporary tree), but no adapter
+    r = httpx.post(
+        f"{embedded_server}/load_lora_adapter", json={"lora_name": "x", "lora_path": str(nope)}, headers=auth
+    )
     assert r.status_code == 400 and "adapter_config.json" in r.json()["error"]["message"]
 
 
@@ -361,7 +376,11 @@ def test_a_corrupt_adapter_is_refused_and_changes_nothing(embedded_server, tmp_p
         )
     )
     (bad / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
-    r = httpx.post(f"{embedded_server}/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(bad)})
+    r = httpx.post(
+        f"{embedded_server}/load_lora_adapter",
+        json={"lora_name": "bad", "lora_path": str(bad)},
+        headers=admin_headers(embedded_server),
+    )
     assert r.status_code == 400 and "cannot load adapter" in r.json()["error"]["message"]
     assert "bad" not in [m["id"] for m in httpx.get(f"{embedded_server}/models").json()["data"]]
     reset_prefix_cache(embedded_server)
