@@ -145,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(f"bench.{name}")
     p = parser(module.Options, f"python -m bench {name}", module.__doc__)
     opts = module.Options(**vars(p.parse_args(args[1:])))
-    from ratchet.runtime_env import offline_environment, stop_on_signals
+    from ratchet.runtime_env import offline_environment
+    from ratchet.shutdown import stop_on_signals
 
     stop_on_signals()  # Ctrl-C and kill unwind: `with` blocks stop the servers a bench started
     offline_environment()  # a bench's first flow may start Prefect before any settings are prepared

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ratchet import shutdown
 from ratchet.config import Settings, load_settings
 from ratchet.errors import RatchetError
 from ratchet.runtime_env import prepare_environment
@@ -45,7 +46,8 @@ def load(**overrides: Any) -> Settings:
     """Settings from ratchet.toml < RATCHET_* environment < global flags < these overrides."""
     flat = {k: v for k, v in GLOBAL.items() if k != "config"} | overrides
     settings = load_settings(flat, config_file=GLOBAL.get("config"))
-    prepare_environment(settings)
+    for line in prepare_environment(settings):
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
     # their INFO lines drown the progress bars
     for noisy in ("mlflow", "alembic", "py4j", "httpx", "distributed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -107,5 +109,11 @@ def guard() -> Iterator[None]:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
+        stopped = shutdown.why()  # the watchdog's, else a person's Ctrl-C or kill
+        if stopped is not None:
+            reason, code = stopped
+            again = "run the same command again to resume"
+            err.print(f"[bold red]error:[/] {escape(reason)}; {again}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code) from None
         err.print("interrupted: finished rollouts are stored; run the same command again to resume")
         raise typer.Exit(130) from None

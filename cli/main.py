@@ -72,9 +72,18 @@ def _options(
 
 
 @contextmanager
-def _progress() -> Iterator[None]:
+def _progress(settings: Settings) -> Iterator[None]:
     """Rich progress bars on a terminal; in a log (output to a file, a scheduler) one plain
-    line per stage start and end instead, with the time, since a log has no live display."""
+    line per stage start and end instead, with the time, since a log has no live display.
+    The watchdog watches the same progress: a run stuck for `evolve.watchdog_s` is ended."""
+    from ratchet.watchdog import watching
+
+    with watching(settings.evolve.watchdog_s), _bars():
+        yield
+
+
+@contextmanager
+def _bars() -> Iterator[None]:
     from ratchet.flows.progress import StageEvent, listen
 
     if not console.is_terminal:
@@ -133,7 +142,7 @@ def _launch(target: str, settings: Settings, generation: int, of: Sequence[str],
     module, name = target.split(":")
     flow_obj = getattr(importlib.import_module(module), name)
     _start_prefect(settings)
-    with _progress():
+    with _progress(settings):
         return run_flow(flow_obj, settings, generation=generation, **params)
 
 
@@ -257,7 +266,7 @@ def evolve(
         from ratchet.flows.evolve import evolve_flow
 
         _start_prefect(settings)
-        with _progress():
+        with _progress(settings):
             journal = evolve_flow(settings=settings)
         print_evolution(settings, journal)
 
@@ -514,7 +523,7 @@ def trajectories_export(
 
 
 def main() -> None:
-    from ratchet.runtime_env import stop_on_signals
+    from ratchet.shutdown import stop_on_signals
 
     stop_on_signals()
     app()

@@ -15,6 +15,9 @@ generation with generation and candidate with champion.
   decision. A candidate that went live on its own attaches to that agent version.
 
 The outcomes are ratchet's, from its trajectory store and audit log; MLflow gets a copy.
+The rows are finished outcomes (no `predict_fn`), so `evaluate` is run without the
+autologging it would configure for one (`_finished_rows`): configuring it is what deadlocked
+the loop against MLflow's trace exporter.
 Each evaluation is written once per content: a rerun of the stage finds it by tags and
 leaves it, and one whose rows changed (a resumed generation played another policy) replaces
 it. Nothing here raises: a failure is a warning.
@@ -30,7 +33,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import mlflow
+import mlflow.models.evaluation.evaluator_registry  # noqa: F401 - see _finished_rows
 from mlflow.entities import Feedback
+from mlflow.genai.evaluation import base as genai_evaluation
 from mlflow.genai.scorers import scorer
 from mlflow.tracking import MlflowClient
 
@@ -207,6 +212,7 @@ def _evaluation(
         with (
             mlflow.start_run(nested=True, run_name=run_name, tags=tags) as run,
             mlflow.tracing.context(enabled=True),  # evaluate keeps its rows as traces
+            _finished_rows(),
             _quiet(),
         ):
             mlflow.log_params({k: str(v) for k, v in params.items()})
@@ -224,6 +230,33 @@ def _discard(client: MlflowClient, exp_id: str, run_id: str) -> None:
     if found:
         client.delete_traces(exp_id, trace_ids=[t.info.trace_id for t in found])
     client.delete_run(run_id)
+
+
+@contextlib.contextmanager
+def _finished_rows() -> Iterator[None]:
+    """`mlflow.genai.evaluate` without the autologging it turns on for a `predict_fn`'s calls.
+
+    Ours are finished rows: there is no call to trace. And turning it on deadlocked the loop:
+    MLflow registers a post-import hook per library, and for one already imported (openai) the
+    hook runs at once, holding MLflow's hook lock, and imports (`agents.run`, missing, so
+    every time), which needs Python's import lock. The trace exporter's thread, importing
+    lazily (IPython, also missing), holds Python's import lock while MLflow's import finder
+    waits for the hook lock. Each waited for the other, forever (tests/test_hang.py forces that
+    order). MLflow 3.17.2 still fires hooks under its lock. Only the loop's own thread calls
+    `evaluate`, one at a time, so swapping the module's name for the duration is safe; the
+    module that registers a hook when first imported is imported with this one, before any
+    exporter thread exists."""
+    original = genai_evaluation.configure_autologging_for_evaluation
+    genai_evaluation.configure_autologging_for_evaluation = _no_autologging
+    try:
+        yield
+    finally:
+        genai_evaluation.configure_autologging_for_evaluation = original
+
+
+@contextlib.contextmanager
+def _no_autologging(enable_tracing: bool = True) -> Iterator[None]:
+    yield
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 
+from ratchet import services
 from ratchet.errors import PrefectStartError
 from ratchet.runtime_env import PREFECT_STARTUP_TIMEOUT_S
 
@@ -40,4 +41,6 @@ def start_prefect_api() -> float:
             f"check {os.environ.get('PREFECT_HOME', '~/.prefect')} is writable, or start a server "
             "(prefect server start --host 127.0.0.1) and export PREFECT_API_URL=http://127.0.0.1:4200/api",
         ) from None
+    if server.server_process is not None:  # Prefect stops it at exit; a killed run cannot
+        services.register("Prefect's API server", server.server_process.pid)
     return time.monotonic() - started

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ratchet import watchdog
+
 Listener = Callable[[str, int, int], None]  # (stage, done, total): rollouts as they finish
 
 
@@ -75,6 +77,7 @@ def listen(listener: Listener, on_stage: StageListener | None = None) -> Iterato
 
 
 def report(stage: str, done: int, total: int) -> None:
+    watchdog.beat(f"{stage} {done}/{total}")
     with _lock:
         listeners = list(_listeners)
     for fn in listeners:
@@ -82,6 +85,7 @@ def report(stage: str, done: int, total: int) -> None:
 
 
 def report_stage(event: StageEvent) -> None:
+    watchdog.beat(f"gen {event.generation} {event.stage} {event.phase}")
     with _lock:
         listeners = list(_stage_listeners)
     for fn in listeners:

@@ -26,7 +26,7 @@ from ratchet.flows import agent_versions, display, traces, tracking
 from ratchet.flows.progress import report
 from ratchet.flows.runtime import LoopRuntime, RuntimeRef
 from ratchet.hashing import content_hash
-from ratchet.runtime_env import stopping
+from ratchet.shutdown import stopping
 from ratchet.stats import wilson_interval
 from ratchet.types import Policy, Split, Trajectory
 

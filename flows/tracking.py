@@ -45,6 +45,9 @@ def setup(settings: Settings) -> str:
     autolog is on when rollouts are sampled for tracing (`flows/traces.py` picks which)."""
     exp_id = setup_experiment(settings)
     mlflow.set_experiment(experiment_id=exp_id)
+    # MLflow's exporter offers every exported trace to a notebook display, which imports
+    # IPython (not installed: so on every trace) on the exporter's thread; a run has no notebook
+    mlflow.tracing.disable_notebook_display()
     if settings.trace_sample_rate > 0:
         traces.enable_autolog(settings.mlflow_uri)
     else:

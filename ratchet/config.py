@@ -342,6 +342,13 @@ class EvolveSettings(Section):
         le=1024,
         description="dask/ray worker processes (default 2); the threads runner uses `concurrency`",
     )
+    watchdog_s: float = Field(
+        default=900.0,
+        ge=0,
+        le=DAY_S,
+        description="end a run that makes no progress (no rollout, step or stage finished) for this "
+        "long, with every thread's stack in the logs; rerun to resume (0 = off)",
+    )
 
 
 class DashboardSettings(Section):

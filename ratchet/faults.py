@@ -1,8 +1,12 @@
-"""Named fault points: where a test may kill the process (SIGKILL) to prove a run resumes.
+"""Named fault points: where a test may kill the process (SIGKILL) to prove a run resumes,
+or make it hang to prove the watchdog and the signals end it.
 
 Set `RATCHET_FAULT=<point>` (or `<point>:<n>`, the n-th time the point is reached, 1-based)
 and the process kills itself there, with no cleanup, exactly like the OOM killer or a
-power cut. Unset (the normal case) a fault point costs one dictionary lookup.
+power cut. With `@hang` after it (`stage.started@hang`) the thread that reaches the point
+waits forever where no signal handler can run, as a thread did in MLflow's import-lock
+deadlock: another thread takes Python's import lock and keeps it, and this one asks for it.
+Unset (the normal case) a fault point costs one dictionary lookup.
 
 Every point is listed in `POINTS` with what has happened when it fires; `point()` refuses
 a name that is not listed, so a renamed point cannot silently stop being tested.
@@ -10,6 +14,7 @@ a name that is not listed, so a renamed point cannot silently stop being tested.
 
 from __future__ import annotations
 
+import _imp
 import os
 import signal
 import threading
@@ -38,8 +43,8 @@ _hits: Counter[str] = Counter()
 
 
 def armed() -> tuple[str, int] | None:
-    """The point (and hit number) this process should die at, from the environment."""
-    spec = os.environ.get(FAULT_ENV, "").strip()
+    """The point (and hit number) this process should die or hang at, from the environment."""
+    spec = os.environ.get(FAULT_ENV, "").strip().removesuffix("@hang")
     if not spec:
         return None
     name, _, nth = spec.partition(":")
@@ -58,5 +63,22 @@ def point(name: str) -> None:
     with _lock:
         _hits[name] += 1
         hit = _hits[name]
-    if hit == target[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if hit != target[1]:
+        return
+    if os.environ.get(FAULT_ENV, "").strip().endswith("@hang"):
+        _hang()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hang() -> None:
+    """Wait forever, out of reach of signal handlers and of `KeyboardInterrupt`."""
+    held = threading.Event()
+
+    def hold() -> None:
+        _imp.acquire_lock()
+        held.set()
+        threading.Event().wait()  # never released
+
+    threading.Thread(target=hold, name="fault-holds-import-lock", daemon=True).start()
+    held.wait()
+    _imp.acquire_lock()  # in C, without a timeout: only the end of the process ends this

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 from pathlib import Path
 from urllib.parse import quote
 
+from ratchet import services, shutdown
 from ratchet.config import Settings, sqlite_url
 from ratchet.errors import DataDirError, StateFileError
 
@@ -27,12 +27,15 @@ PREFECT_DB_URL_VARS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DA
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
-def prepare_environment(settings: Settings) -> None:
+def prepare_environment(settings: Settings) -> list[str]:
     """Check the data dir and MLflow's database (nothing is written if either is unusable),
-    then point every service's state at the data dir."""
+    then point every service's state at the data dir. Stops the services a killed run left
+    in it (`ratchet.services`) and returns one line per service stopped, to print."""
     check_data_dir(settings.data_dir)
     check_mlflow_store(settings.data_dir / "mlflow.db")
     offline_environment()
+    shutdown.set_logs_dir(str(settings.logs_dir))
+    stopped = services.use(settings.data_dir)
     defaults = {
         "PREFECT_HOME": str(settings.prefect_home),
         "PREFECT_LOGGING_LEVEL": "WARNING",
@@ -48,6 +51,7 @@ def prepare_environment(settings: Settings) -> None:
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     _quote_prefect_database(os.environ["PREFECT_HOME"])
+    return stopped
 
 
 # No telemetry, no fetch: every library that would reach the network on its own is told not to.
@@ -134,32 +138,3 @@ def _quote_prefect_database(home: str) -> None:
     if quote(home, safe="/") == home or any(v in os.environ for v in PREFECT_DB_URL_VARS):
         return
     os.environ[PREFECT_DB_URL_VARS[0]] = sqlite_url(Path(home) / "prefect.db", "sqlite+aiosqlite")
-
-
-# Set by the signal handlers below, before KeyboardInterrupt unwinds the main thread. Worker
-# threads (Prefect's task runner) go on until their task ends; the runtime's stores and model
-# server close under them, so a task checks this and stops quietly instead of failing loudly.
-STOPPING = threading.Event()
-
-
-def stopping() -> bool:
-    """True once the process was told to stop (Ctrl-C or SIGTERM): start nothing new."""
-    return STOPPING.is_set()
-
-
-def stop_on_signals() -> None:
-    """Make Ctrl-C (SIGINT) and `kill` (SIGTERM) unwind the same way: mark the process as
-    stopping, then raise KeyboardInterrupt, so `with` blocks stop the model server and close
-    stores, and exit handlers stop Prefect's API server. Left at Python's default, SIGTERM ends
-    the process at once and leaves Prefect's server (uvicorn) running. A SIGINT the process
-    was started to ignore (a shell's background job) stays ignored. For entry points: the CLI
-    and the benchmarks."""
-    import signal
-
-    def interrupt(signum: int, frame: object) -> None:
-        STOPPING.set()
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, interrupt)

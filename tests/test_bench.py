@@ -242,12 +242,12 @@ def test_a_benchmark_runs_offline_whatever_it_starts_first(monkeypatch: pytest.M
     import os
     import types
 
-    from ratchet import runtime_env
+    from ratchet import runtime_env, shutdown
 
     for key in runtime_env.OFFLINE:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("DO_NOT_TRACK", "0")  # what the user set stays
-    monkeypatch.setattr(runtime_env, "stop_on_signals", lambda: None)
+    monkeypatch.setattr(shutdown, "stop_on_signals", lambda: None)
     seen: dict[str, str] = {}
 
     @dataclass

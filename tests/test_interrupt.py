@@ -82,7 +82,7 @@ def test_ctrl_c_during_explore_stops_in_one_line_and_the_rerun_resumes(
 
 _PRESS = """
 import os, signal, time
-from ratchet.runtime_env import stop_on_signals, stopping
+from ratchet.shutdown import stop_on_signals, stopping
 stop_on_signals()
 try:
     os.kill(os.getpid(), signal.{sig})
