@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 from ratchet.agents.baselines import beats_random
 from ratchet.config import Settings
 from ratchet.errors import StateFileError
-from ratchet.files import write_text_atomic
+from ratchet.files import check_regular_file, nested_deeper_than, write_text_atomic
 from ratchet.flows import loop
 from ratchet.flows.stage import no_fill
 
@@ -81,16 +81,22 @@ class Journal:
     @classmethod
     def load(cls, settings: Settings) -> Journal:
         path = settings.evolve_journal
-        if not path.is_file():
+        if not check_regular_file(path, "the evolution journal"):
             return cls(path, settings.evolution)
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(path.read_bytes())
+            if nested_deeper_than(raw, MAX_DEPTH):  # the table, a page or the next write would recurse
+                raise ValueError(f"nested too deep: more than {MAX_DEPTH} levels")
             journal = cls(path, settings.evolution, _RECORDS.validate_python(raw["stages"]))
             journal.rows()  # every summary as the table reads it: a wrong type is found here, not by a page
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise StateFileError(
                 f"the evolution journal {path} is unreadable ({_why(exc)})",
                 "move it away to start the evolution's bookkeeping afresh (stages rerun from the stores)",
+            ) from None
+        except OSError as exc:
+            raise StateFileError(
+                f"cannot read the evolution journal {path}: {exc.strerror or exc}", "check its permissions"
             ) from None
         return journal
 
@@ -131,10 +137,15 @@ class Journal:
 # deep in a table or a page.
 _RECORDS = TypeAdapter(list[StageRecord])
 _ROW = TypeAdapter(GenerationRow)
+# A journal ratchet writes is a few levels deep; one nested deeper was written by hand (or to
+# break the reader), and is refused at load, before any reader recurses into it.
+MAX_DEPTH = 32
 
 
 def _why(exc: Exception) -> str:
     """One line: pydantic's first error (where, what), or the exception's text."""
+    if isinstance(exc, RecursionError):  # the JSON decoder's own limit (about 1,000 levels)
+        return f"nested too deep: more than {MAX_DEPTH} levels"
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"

@@ -24,6 +24,7 @@ from ratchet.config import Settings
 from ratchet.endpoint.agent import YourAgent
 from ratchet.endpoint.serve import InterventionEndpoint
 from ratchet.errors import ConfigError, EndpointError, SuiteVersionError
+from ratchet.files import check_regular_file
 from ratchet.flows.tracking import audit_logger
 from ratchet.kinds import apply_all
 from ratchet.memory.retrieval import SkillRetriever
@@ -297,7 +298,7 @@ def check_state_files(settings: Settings) -> None:
     from ratchet.flows.journal import Journal
 
     Journal.load(settings)
-    if settings.trajectories_db.is_file():
+    if check_regular_file(settings.trajectories_db, "the trajectory database"):
         store = open_store(settings.trajectories_db)
         try:
             store.check_integrity()

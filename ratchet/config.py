@@ -646,7 +646,13 @@ class Settings(BaseSettings):
 
     @property
     def mlflow_uri(self) -> str:
-        return sqlite_url((self.data_dir / "mlflow.db").resolve())
+        """MLflow's database URL. MLflow makes the database's directory from this URL's path as
+        written, still percent-encoded (`x/q%3Fx/.ratchet` beside the real `x/q?x/.ratchet`), and
+        only for a URL that starts `sqlite:///`: a path that needs encoding gets the same driver
+        named (`sqlite+pysqlite:///`), which SQLAlchemy opens alike and MLflow makes no directory
+        for (the data dir exists before MLflow starts)."""
+        db = (self.data_dir / "mlflow.db").resolve()
+        return sqlite_url(db, "sqlite" if quote(str(db), safe="/") == str(db) else "sqlite+pysqlite")
 
     @property
     def mlflow_artifacts(self) -> Path:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,12 +38,60 @@ def atomic_dir(target: Path) -> Iterator[Path]:
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file and a rename (never a torn file)."""
+    """Write `text` to `path` through a temporary file and a rename (never a torn file). The
+    temporary file has a fresh random name and is created with O_CREAT|O_EXCL|O_NOFOLLOW, so a
+    link planted beside `path` (at a name guessed or left from an old version) is never followed
+    and nothing outside the directory is written; its mode is what the umask gives."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    data = text.encode()  # before anything is created: text that cannot be written leaves nothing
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(16):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:  # taken (by chance, or planted): another name
+            continue
+    else:
+        raise StateFileError(f"cannot make a temporary file beside {path}", "check that directory")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def check_regular_file(path: Path, what: str) -> bool:
+    """Does the state file `path` exist? A directory, a FIFO or a broken link by its name is
+    one StateFileError now (the pre-flight), not a failure when a stage writes it."""
+    if not os.path.lexists(path):
+        return False
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "a broken link" if path.is_symlink() else "not a file"
+        raise StateFileError(
+            f"{what} {path} is not a regular file (it is {kind})",
+            "move it away (ratchet then starts that file afresh) or restore the file from a backup",
+        )
+    return True
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Is `value` (parsed JSON) nested more than `limit` lists or objects deep? Iterative, so a
+    deep value cannot overflow the stack that measures it; a reader refuses such a value at load
+    rather than meet a RecursionError in the first encoder or copy that walks it later."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return True
+            stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    return False
 
 
 def append_line(path: Path, line: str) -> None:
@@ -68,7 +117,7 @@ def read_jsonl(path: Path, model: type[M], what: str) -> list[M]:
 def read_jsonl_numbered(path: Path, model: type[M], what: str) -> list[tuple[int, M]]:
     """Like `read_jsonl`, each record with its line number (1-based), so a reader that finds
     a record wrong can name the line to fix."""
-    if not path.exists():
+    if not check_regular_file(path, what):
         return []
     try:
         raw = path.read_bytes()

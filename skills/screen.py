@@ -16,6 +16,8 @@ characters of a text are decoded, and decoded text added in all is bounded by th
 * "emoji smuggling": a run of variation selectors (U+FE00-U+FE0F, U+E0100-U+E01EF) that
   spells bytes (byte b as U+FE00+b below 16, else as U+E0100+b-16) is replaced by the text it
   spells; Unicode "tag" characters (invisible copies of ASCII) become the ASCII they hide;
+* base32 runs of 16+ characters, all upper or all lower case, padded or not, kept only when
+  they decode to plausible text (a code word, or words mostly of letters);
 * base64 (standard or URL-safe) runs of 12+ characters; base64 cut into chunks with spaces,
   punctuation or line breaks between them (a run of chunks is joined and decoded at each of
   the four alignments, and readable pieces are kept); hex bytes ("69 67 6e", "0x69 0x67",
@@ -95,8 +97,9 @@ procedure that names rooms, objects and moves the agent saw and used passes.
 
 * An injection paraphrased into entirely new words by a strong distiller (no shared token,
   no pattern), or translated into another language ("BANANE" is not "BANANA").
-* Encodings that are not decoded: Caesar shifts other than 13, base32, base85, uuencode,
-  binary, Morse, compressed data, words spelt out ("eye gee en") or in the NATO alphabet,
+* Encodings that are not decoded: Caesar shifts other than 13, base32 cut into chunks or in
+  mixed case (or decoding to fewer than eight characters), base85, uuencode, binary, Morse,
+  compressed data, words spelt out ("eye gee en") or in the NATO alphabet,
   acrostics (first letters of lines), a payload split into pieces that are not adjacent;
   encodings nested deeper than `_DEPTH` rounds, and encoded text past the first
   `_DECODE_MAX` characters of one text. Base64 chunks interleaved with ordinary words; base64
@@ -225,7 +228,15 @@ def _confusables() -> dict[int, str]:
         **dict(zip("ⲀⲁⲂⲈⲉⲎⲒⲓⲔⲕⲘⲚⲛⲞⲟⲢⲣⲤⲥⲦⲨⲩⲬⲭ", "AaBEeHIiKkMNnOoPpCcTYyXx", strict=True)),  # Coptic
         **dict(zip("ꓮꓐꓚꓓꓰꓝꓖꓧꓲꓙꓗꓡꓟꓠꓳꓑꓣꓢꓔꓴꓦꓪꓫꓬꓜ", "ABCDEFGHIJKLMNOPRSTUVWXYZ", strict=True)),  # Lisu
     }
-    cherokee = dict(zip("ᎠᎡᎢᎥᎪᎫᎬᏃᎳᎷᏀᏂᏏᏢᏚᏞᏟᏦᏴᏙᎻᏔ", "DRTiAJEZWMGhbPSLCKBVHW", strict=True))
+    # Cherokee: Unicode's confusables for Latin letters and digits, and the letters drawn like
+    # them (Ꮖ U+13C6 an I, Ꮎ U+13BE an O with a bar, Ꮕ an O with a tail, Ꮆ and Ᏽ a G ...)
+    cherokee = dict(
+        zip(
+            "ᎠᎡᎢᎥᎪᎫᎬᏃᎳᎷᏀᏂᏏᏢᏚᏞᏟᏦᏴᏙᎻᏔᏆᎾᏫᎤᏅᎩᎽᏒᏕᎦᎶᏳᏵᏩᏣᏤᏝᏌᏠᏧᎿᎯᏎᏮ",
+            "DRTiAJEZWMGhbPSLCKBVHWIOOOOYYRSSGGGGCVLUUdtA46",
+            strict=True,
+        )
+    )
     pairs |= cherokee | {k.lower(): v for k, v in cherokee.items()}  # lower case folds back to upper
     return str.maketrans(pairs)
 
@@ -254,6 +265,9 @@ _ESCAPE = re.compile(r"\\(?:x([0-9A-Fa-f]{2})|u\{([0-9A-Fa-f]{1,6})\}|u([0-9A-Fa
 _SELECTORS = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{2,}")
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{12,}={0,2}(?![A-Za-z0-9+/=])")
 _BASE64URL = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9_-]{12,}={0,2}(?![A-Za-z0-9+/=_-])")
+# base32 (RFC 4648), all upper or all lower case, 16+ characters: a whole token, never a piece
+# of a longer base64 or mixed-case word
+_BASE32 = re.compile(r"(?<![A-Za-z0-9+/=_-])(?:[A-Z2-7]{16,}|[a-z2-7]{16,})={0,6}(?![A-Za-z0-9+/=_-])")
 _CHUNK = re.compile(r"[A-Za-z0-9+/]+=*")
 # what makes a chunk look like base64 (`_b64ish`): a sign, a digit next to a letter, case mixed
 _ISH = re.compile(r"[+/=]|[0-9][A-Za-z]|[A-Za-z][0-9]|[a-z][A-Z]|[A-Z]{2}[a-z]")
@@ -321,6 +335,19 @@ def _b64_text(run: str, alphabet: bytes | None = None) -> str | None:
     except (binascii.Error, UnicodeDecodeError):
         return None
     return decoded if _readable(decoded) else None
+
+
+def _b32_text(run: str) -> str | None:
+    """What one base32 run decodes to, if that reads as text (`_plausible`, not merely
+    printable: runs of capitals are names and constants far more often than base32)."""
+    body = run.rstrip("=")
+    if len(body) % 8 in (1, 3, 6):  # no run of whole bytes ends there
+        return None
+    try:
+        decoded = base64.b32decode(body + "=" * (-len(body) % 8), casefold=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return decoded if _plausible(decoded) else None
 
 
 def _hex_text(run: str) -> str | None:
@@ -406,8 +433,8 @@ def _chunked_text(chunks: list[str]) -> list[str]:
 
 
 def _decoded_runs(text: str, seen: set[str]) -> list[tuple[int, str]]:
-    """(position, decoded text) for the base64, chunked base64 and hex runs of `text` not
-    decoded before (`seen`)."""
+    """(position, decoded text) for the base64, base32, chunked base64 and hex runs of `text`
+    not decoded before (`seen`)."""
     out: list[tuple[int, str]] = []
 
     def new(key: str) -> bool:
@@ -422,6 +449,9 @@ def _decoded_runs(text: str, seen: set[str]) -> list[tuple[int, str]]:
     for m in _BASE64URL.finditer(text):
         url = "-" in m.group(0) or "_" in m.group(0)
         if url and new(f"url {m.group(0)}") and (decoded := _b64_text(m.group(0), b"-_")):
+            out.append((m.end(), decoded))
+    for m in _BASE32.finditer(text):
+        if new(f"b32 {m.group(0)}") and (decoded := _b32_text(m.group(0))):
             out.append((m.end(), decoded))
     for end, chunks in _chunk_runs(text) if len(_ISH.findall(text, 0, _DECODE_MAX)) >= 2 else []:
         if new(f"chunks {' '.join(chunks)}"):

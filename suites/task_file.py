@@ -5,10 +5,18 @@ and optionally `id` (else the hash of the input names the item) and any other fi
 scoring function reads (a reference answer, say). The split of an item is fixed by a hash of
 its id, 40% train, 30% dev, 30% test, so adding lines never moves an item to another split.
 
-The scoring function is named `module:function` and called as `score(item, answer)`: the
-whole JSON object and the agent's answer (a string from ratchet's own actor; whatever your
-agent returned otherwise). It returns a bool, or a pair `(bool, score)`. Anything else, or
-an exception, ends that rollout as an error whose one line names the task and the function.
+Lines are split at "\n" alone (a "\r" before it is dropped), never where `str.splitlines`
+would split: U+2028, U+0085 and the like are text inside a JSON string (`json.dumps` with
+`ensure_ascii=False` writes them raw). A line that cannot be an item (not UTF-8, not JSON,
+nested deeper than `MAX_DEPTH`, an integer past Python's digit limit, a lone surrogate, not
+an object) is one `TaskFileError` naming the file and the line, never a traceback.
+
+The scoring function is named `module:function` and called as `score(item, answer)`: a fresh
+copy of the whole JSON object (a function that changes it changes nothing for the next
+rollout or the other arm of the gate) and the agent's answer (a string from ratchet's own
+actor; whatever your agent returned otherwise). It returns a bool, or a pair `(bool, score)`
+with a score that is a finite real number. Anything else, or an exception, ends that rollout
+as an error whose one line names the task and the function.
 
 An episode offers no tools: the agent answers in words (ratchet's actor replies once; your
 own agent, `agents/your_agent.py`, returns its answer), and the answer is scored.
@@ -16,9 +24,11 @@ own agent, `agents/your_agent.py`, returns its answer), and the answer is scored
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import math
+import numbers
 import sys
 from collections.abc import Callable, Sequence
 from functools import cached_property
@@ -27,11 +37,14 @@ from typing import Any, ClassVar
 
 from ratchet.config import TaskFileSettings, task_file_suite_name
 from ratchet.errors import RatchetError, one_line
-from ratchet.hashing import content_hash
+from ratchet.hashing import canonical_json, content_hash
 from ratchet.suites.base import ActionError, Episode, StepResult, Suite
 from ratchet.types import SPLITS, Split, Task, TaskKey, ToolCall, ToolSpec
 
 SHARES: dict[Split, int] = {"train": 40, "dev": 30, "test": 30}  # of 100 buckets of an id's hash
+# Deeper items are refused at load: the scorer's copy of an item (and every JSON encoder the
+# item meets later) recurses once per level, far below Python's recursion limit at this depth.
+MAX_DEPTH = 100
 
 
 class TaskFileError(RatchetError):
@@ -65,19 +78,57 @@ def load_entry(spec: str, what: str) -> Callable[..., Any]:
 
 def verdict(value: Any) -> tuple[bool, float] | None:
     """A scoring function's return as (success, score); None when it is neither a bool nor a
-    (bool, finite number) pair."""
+    (bool, real number) pair. A pair whose score is no finite float (inf, nan, an int or a
+    fraction past float's range) raises `NotFinite`."""
     if isinstance(value, bool):
         return value, float(value)
-    if (
+    if not (
         isinstance(value, tuple)
         and len(value) == 2
         and isinstance(value[0], bool)
-        and isinstance(value[1], int | float)
+        and isinstance(value[1], numbers.Real)
         and not isinstance(value[1], bool)
-        and math.isfinite(value[1])
     ):
-        return value[0], float(value[1])
-    return None
+        return None
+    try:
+        score = float(value[1])
+    except Exception:  # noqa: BLE001 - a user's number; 10**400: "int too large to convert to float"
+        score = math.inf
+    if not math.isfinite(score):
+        raise NotFinite
+    return value[0], score
+
+
+class NotFinite(ValueError):
+    """A verdict's score that is not a finite number."""
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """`repr(value)` cut to `width` characters for a message; never raises (an int past the
+    digit limit, a user's class whose repr fails)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - only a label for a message
+        if isinstance(value, int):
+            text = f"<an int of {abs(value).bit_length()} bits>"
+        elif isinstance(value, tuple):
+            text = f"({', '.join(shown(v, width) for v in value[:3])}{', ...' if len(value) > 3 else ''})"
+        else:
+            text = f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def depth_exceeds(value: Any, limit: int) -> bool:
+    """Is `value` (parsed JSON) nested more than `limit` lists or objects deep? Iterative: a
+    deep value cannot overflow the stack that measures it."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return True
+            stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    return False
 
 
 class TaskFileEpisode(Episode):
@@ -130,22 +181,18 @@ class TaskFileSuite(Suite):
     def items(self) -> dict[str, dict[str, Any]]:
         """Every item by id, in file order; a malformed file is one line naming the line."""
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TaskFileError(f"cannot read task file {self.path}: {exc}", "check tasks.file") from None
+            raw = self.path.read_bytes()
+        except OSError as exc:
+            raise TaskFileError(
+                f"cannot read task file {self.path}: {exc.strerror or exc}", "check tasks.file"
+            ) from None
         items: dict[str, dict[str, Any]] = {}
-        for n, line in enumerate(lines, 1):
+        for n, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
+            line = line.removesuffix(b"\r")
             if not line.strip():
                 continue
             where = f"task file {self.path}, line {n}"
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskFileError(
-                    f"{where} is not JSON: {exc.msg}", "write one JSON object per line"
-                ) from None
-            if not isinstance(item, dict) or "input" not in item:
-                raise TaskFileError(f"{where} has no 'input'", 'write objects like {"input": ..., "id": ...}')
+            item = parse_item(line, where)
             key = item.get("id", content_hash(item["input"], length=12))
             if not isinstance(key, str | int) or isinstance(key, bool) or str(key) != str(key).strip():
                 raise TaskFileError(f"{where}: 'id' must be a string or an integer without spaces around it")
@@ -198,7 +245,7 @@ class TaskFileSuite(Suite):
         item = self.items.get(key)
         if item is None or split_of(key) != split:
             raise ValueError(f"task file {self.path} has no {split} item {key!r}")
-        raw = item["input"]
+        raw = copy.deepcopy(item["input"])  # the task's own: nothing that changes it reaches the file's item
         text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
         return self.new_task(
             subset, split, key, instruction=text, max_steps=self.settings.max_steps, spec={"input": raw}
@@ -208,8 +255,9 @@ class TaskFileSuite(Suite):
         return TaskFileEpisode(task, self)
 
     def score(self, task: Task, answer: Any) -> tuple[bool, float]:
-        """The scoring function's verdict on `answer`; a raise or a non-verdict is one line."""
-        item = self.items[str(task.seed)]
+        """The scoring function's verdict on `answer`, given a fresh copy of the item (a function
+        that changes it cannot change the next rollout's); a raise or a non-verdict is one line."""
+        item = copy.deepcopy(self.items[str(task.seed)])
         name = self.settings.score
         try:
             value = self.scorer(item, answer)
@@ -217,13 +265,59 @@ class TaskFileSuite(Suite):
             raise ScoreError(
                 f"scoring function {name} raised {type(exc).__name__} on task {task.id}: {one_line(str(exc))}"
             ) from None
-        found = verdict(value)
-        if found is None:
+        returned = f"scoring function {name} returned {type(value).__name__} {shown(value)} on task {task.id}"
+        try:
+            found = verdict(value)
+        except NotFinite:
             raise ScoreError(
-                f"scoring function {name} returned {type(value).__name__} {value!r:.60} on task {task.id}",
-                "return a bool, or a pair (bool, score)",
-            )
+                f"{returned}: its score is not a finite number",
+                "return a pair (bool, score), score a finite float",
+            ) from None
+        if found is None:
+            raise ScoreError(returned, "return a bool, or a pair (bool, score)")
         return found
+
+
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false"}
+_JSON_KINDS[type(None)] = "null"
+
+
+def parse_item(line: bytes, where: str) -> dict[str, Any]:
+    """One line of a task file as an item: an object with `input`, its text UTF-8 without lone
+    surrogates, nested at most `MAX_DEPTH` deep; anything else one TaskFileError naming `where`."""
+    fix = "write one JSON object per line"
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskFileError(
+            f"{where} is not UTF-8 text (byte {exc.start + 1})", "save the file as UTF-8"
+        ) from None
+    try:
+        item = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TaskFileError(f"{where} is not JSON: {exc.msg} (column {exc.colno})", fix) from None
+    except RecursionError:
+        raise TaskFileError(f"{where} is nested too deep (more than {MAX_DEPTH} levels)", fix) from None
+    except ValueError:  # the only other ValueError of the decoder: Python's int digit limit
+        raise TaskFileError(
+            f"{where} holds an integer of more than {sys.get_int_max_str_digits()} digits",
+            "write it as a string",
+        ) from None
+    if depth_exceeds(item, MAX_DEPTH):
+        raise TaskFileError(f"{where} is nested too deep (more than {MAX_DEPTH} levels)", fix)
+    shape = 'write objects like {"input": ..., "id": ...}'
+    if not isinstance(item, dict):
+        raise TaskFileError(f"{where} is not a JSON object (it is {_JSON_KINDS[type(item)]})", shape)
+    if "input" not in item:
+        raise TaskFileError(f"{where} has no 'input'", shape)
+    try:
+        canonical_json(item).encode("utf-8")
+    except UnicodeEncodeError:
+        raise TaskFileError(
+            f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): it is not text",
+            "write the character itself, or its surrogate pair",
+        ) from None
+    return item
 
 
 def split_of(key: str) -> Split:

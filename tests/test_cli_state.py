@@ -138,3 +138,91 @@ def test_a_taken_port_names_the_setting_that_moves_this_server(
         proc = ratchet(command, "--port", str(port), cwd=tmp_path)
     assert_one_line_error(proc, f"port {port}", "already in use", fix)
     assert "model.port" not in proc.stderr
+
+
+# ---------------------------------------------------------------- state files an attacker shapes
+
+
+def test_the_atomic_write_never_follows_a_link_planted_at_its_temporary_path(tmp_path: Path) -> None:
+    from ratchet.files import write_text_atomic
+
+    victim = tmp_path / "outside" / "victim.txt"
+    victim.parent.mkdir()
+    victim.write_text("precious")
+    journal = load_settings({"data_dir": tmp_path / "data"}).evolve_journal
+    journal.parent.mkdir(parents=True)
+    for planted in (f".{journal.name}.tmp", f".{journal.name}.tmp.tmp"):  # the old name, and a guess
+        (journal.parent / planted).symlink_to(victim)
+    (journal.parent / ".dangling.tmp").symlink_to(tmp_path / "outside" / "created-by-the-write")
+    write_text_atomic(journal, '{"stages": []}')
+    write_text_atomic(journal.parent / "dangling", "x")
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / "outside" / "created-by-the-write").exists()
+    assert journal.read_text() == '{"stages": []}' and not journal.is_symlink()
+    leftovers = {p.name for p in journal.parent.iterdir()} - {journal.name, "dangling"}
+    assert leftovers == {f".{journal.name}.tmp", f".{journal.name}.tmp.tmp", ".dangling.tmp"}  # never written
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path) -> None:
+    from ratchet.files import write_text_atomic
+
+    target = tmp_path / "state.json"
+    target.write_text("old")
+    with pytest.raises(UnicodeEncodeError):
+        write_text_atomic(target, "\udcff")  # a lone surrogate cannot be written
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_a_journal_nested_deep_is_one_line_before_start_up(tmp_path: Path) -> None:
+    journal = load_settings({"data_dir": tmp_path / "data"}).evolve_journal
+    journal.parent.mkdir(parents=True)
+    body = '{"evolution": "default", "stages": [{"generation": 0, "stage": "evaluate", "summary": '
+    journal.write_text(body + "[" * 100_000 + "]" * 100_000 + "}]}")
+    proc, seconds = _timed("evolve", cwd=tmp_path)
+    assert_one_line_error(
+        proc, f"the evolution journal {journal} is unreadable", "nested too deep", "move it"
+    )
+    assert seconds < QUICK_S
+    _nothing_started(tmp_path / "data")
+
+
+@pytest.mark.parametrize("depth", [100_000, 2_000, 500])
+def test_loading_a_deep_journal_in_process_is_a_state_file_error(tmp_path: Path, depth: int) -> None:
+    from ratchet.errors import StateFileError
+    from ratchet.flows.journal import Journal
+
+    settings = load_settings({"data_dir": tmp_path})
+    settings.evolve_journal.parent.mkdir(parents=True)
+    summary = "[" * depth + "]" * depth
+    settings.evolve_journal.write_text(
+        f'{{"stages": [{{"generation": 0, "stage": "x", "summary": {{"a": {summary}}}, '
+        '"wall_seconds": 1, "finished_at": "t"}]}'
+    )
+    with pytest.raises(StateFileError, match="nested too deep"):
+        Journal.load(settings)
+
+
+@pytest.mark.parametrize("which", ["journal", "trajectories.db", "audit log"])
+def test_a_state_file_that_is_a_directory_fails_the_preflight_in_one_line(tmp_path: Path, which: str) -> None:
+    from ratchet.errors import StateFileError
+    from ratchet.flows.runtime import check_state_files
+
+    settings = load_settings({"data_dir": tmp_path / "data"})
+    path = {
+        "journal": settings.evolve_journal,
+        "trajectories.db": settings.trajectories_db,
+        "audit log": settings.skills_dir / "audit.jsonl",
+    }[which]
+    path.mkdir(parents=True)
+    with pytest.raises(StateFileError) as err:
+        check_state_files(settings)
+    assert f"{path} is not a regular file" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_journal_that_is_a_directory_is_refused_by_the_cli_before_start_up(tmp_path: Path) -> None:
+    journal = load_settings({"data_dir": tmp_path / "data"}).evolve_journal
+    journal.mkdir(parents=True)
+    proc, seconds = _timed("evolve", cwd=tmp_path)
+    assert_one_line_error(proc, f"{journal} is not a regular file", "move it")
+    assert seconds < QUICK_S
+    _nothing_started(tmp_path / "data")

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -109,6 +110,33 @@ def test_the_mlflow_uri_names_the_database_inside_the_data_dir(
         s = load_settings({"data_dir": data})
         assert make_url(s.mlflow_uri).database == str((data / "mlflow.db").resolve())
         assert "\n" not in s.mlflow_uri and " " not in s.mlflow_uri  # one word, for `mlflow ui`
+
+
+def _outside(root: Path, data: Path) -> list[str]:
+    """Every path under `root` (directories too) that is neither in `data` nor on the way to it."""
+    return sorted(str(p) for p in root.rglob("*") if not p.is_relative_to(data) and p not in data.parents)
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_mlflow_makes_no_directory_outside_the_data_dir(name: str, tmp_path: Path):
+    """MLflow makes the parent of the database before SQLAlchemy reads the URL, from the URL's
+    path as written (still percent-encoded): `x/q%3Fx/.ratchet` appeared beside `x/q?x`."""
+    from mlflow.store.db.utils import _make_parent_dirs_if_sqlite
+
+    data = tmp_path / "x" / name / ".ratchet"
+    data.mkdir(parents=True)  # the pre-flight makes it first
+    _make_parent_dirs_if_sqlite(load_settings({"data_dir": data}).mlflow_uri)
+    assert _outside(tmp_path, data) == []
+
+
+def test_the_cli_makes_no_directory_outside_an_odd_data_dir(tmp_path: Path):
+    for name in ("q?x", ODD):  # the review's path, and every special character at once
+        data = Path("x") / name / ".ratchet"
+        proc = run([RATCHET, "--data-dir", str(data), "adapters", "list"], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / data / "mlflow.db").is_file()
+        assert _outside(tmp_path, tmp_path / data) == []
+        shutil.rmtree(tmp_path / "x")
 
 
 def test_a_real_mlflow_run_under_an_odd_data_dir_stays_inside_it(tmp_path: Path):
