@@ -21,7 +21,11 @@ What a rollout ends as:
   traceback kept, never a stuck run;
 * the model behind the endpoint failed: a transient error, and the rollout is retried;
 * the agent made no model call through the endpoint: an error (it cached answers, or did
-  not use the base URL it was given), since there is nothing to learn from or to gate.
+  not use the base URL it was given), since there is nothing to learn from or to gate; the
+  calls the endpoint refused unrecorded (not strict JSON, an entry that is not an object) are
+  named in it;
+* a recorded call no step can hold, or an answer the store cannot write: an error that says
+  so (`trajectory_of`), never an exception out of the rollout.
 
 Each recorded call is a step: what the model read since its last reply (the observation),
 its reply, its first tool call and the result the agent sent back for it, tokens, seconds,
@@ -42,9 +46,9 @@ from typing import Any
 from ratchet.agents.rollout import RolloutSlot, build_trajectory
 from ratchet.config import AgentSettings
 from ratchet.endpoint.apply import latest_observation, reply_call, reply_message, text_of
-from ratchet.endpoint.recording import Arm, Call
+from ratchet.endpoint.recording import Arm, Call, Recording
 from ratchet.endpoint.serve import InterventionEndpoint
-from ratchet.errors import RatchetError, TransientModelError
+from ratchet.errors import RatchetError, TransientModelError, one_line
 from ratchet.suites.base import Episode, StepResult, Suite
 from ratchet.suites.task_file import TaskFileEpisode, load_entry
 from ratchet.types import PromptRecord, RecordedCall, Step, Task, Trajectory
@@ -154,22 +158,56 @@ def run_agent_rollout(
         error = f"{type(exc).__name__}: {exc}"
     finally:
         endpoint.rollouts.close(rec)
-    return build_trajectory(
-        slot,
-        suite,
-        seed=arm.seed,
-        policy_version=arm.policy.version,
-        prompt=prompt_record(rec.calls),
-        steps=steps_of(rec.calls),
-        status="error" if error else "finished",
-        done=outcome is not None,
-        max_steps=arm.max_steps,
-        success=bool(outcome and outcome.success) and error is None,
-        score=outcome.score if outcome is not None and error is None else 0.0,
-        error=error,
-        answer=_as_text(answer["value"]) if "value" in answer else None,
-        seconds=time.perf_counter() - started,
-    )
+    if error is not None and not rec.calls and rec.refusals:
+        error = f"{error} (the endpoint refused: {'; '.join(rec.refusals)})"
+    return trajectory_of(slot, suite, arm, rec, outcome, error, answer, time.perf_counter() - started)
+
+
+def trajectory_of(
+    slot: RolloutSlot,
+    suite: Suite,
+    arm: Arm,
+    rec: Recording,
+    outcome: StepResult | None,
+    error: str | None,
+    answer: dict[str, Any],
+    seconds: float,
+) -> Trajectory:
+    """The rollout as stored. Whatever the endpoint let through and the recording cannot turn
+    into steps, or the store cannot write (a lone surrogate in an answer), is an error trajectory
+    that says so: never an exception out of the rollout, with its reason lost."""
+
+    def build(recorded: dict[str, Any], error: str | None, answer: dict[str, Any]) -> Trajectory:
+        ok = outcome is not None and error is None
+        return build_trajectory(
+            slot,
+            suite,
+            seed=arm.seed,
+            policy_version=arm.policy.version,
+            **recorded,
+            status="error" if error else "finished",
+            done=outcome is not None,
+            max_steps=arm.max_steps,
+            success=bool(ok and outcome and outcome.success),
+            score=outcome.score if ok and outcome is not None else 0.0,
+            error=error,
+            answer=_as_text(answer["value"]) if "value" in answer else None,
+            seconds=seconds,
+        )
+
+    try:
+        traj = build({"prompt": prompt_record(rec.calls), "steps": steps_of(rec.calls)}, error, answer)
+    except Exception as exc:  # noqa: BLE001 - a call the recording cannot read ends this rollout only
+        traj = build({}, _why("the rollout's recorded calls cannot be read", exc), answer)
+    try:
+        traj.model_dump_json()  # what the store writes: a value it cannot encode fails here, not there
+    except ValueError as exc:
+        traj = build({}, _why("the rollout cannot be stored", exc), {})
+    return traj
+
+
+def _why(what: str, exc: Exception) -> str:
+    return one_line(f"{what}: {type(exc).__name__}: {exc}")[:500]
 
 
 def _as_text(value: Any) -> str:

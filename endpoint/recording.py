@@ -16,6 +16,8 @@ from typing import Any
 from ratchet.skills.toolbox import Toolbox
 from ratchet.types import Policy, SkillText
 
+MAX_REFUSALS = 5
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -69,6 +71,7 @@ class Recording:
     closed: bool = False
     budget_spent: bool = False  # a call past `arm.max_steps` was refused
     upstream_error: str | None = None  # the model behind the endpoint failed (transient)
+    refusals: list[str] = field(default_factory=list)  # why calls were refused unrecorded (the last few)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def begin(self, request: dict[str, Any]) -> Call | None:
@@ -83,6 +86,12 @@ class Recording:
             call = Call(request=request, sent={}, fired=[], menu=None)
             self.calls.append(call)
             return call
+
+    def refuse(self, reason: str) -> None:
+        """A call refused before it was recorded: its reason kept, so a rollout that ends with
+        none recorded can say why."""
+        with self.lock:
+            self.refusals = [*self.refusals[-(MAX_REFUSALS - 1) :], reason]
 
     def record_tool(self, run: ToolRun) -> None:
         with self.lock:
@@ -102,7 +111,7 @@ class Rollouts:
     def __init__(self) -> None:
         self._open: dict[str, Recording] = {}
         self._lock = threading.Lock()
-        self.unattributed = 0  # requests without a key, served unchanged
+        self.unattributed = 0  # model calls without a key, refused (401): never forwarded
         self.refused = 0  # requests with a key the endpoint does not know or has closed
 
     def open(self, arm: Arm) -> Recording:

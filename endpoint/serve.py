@@ -2,12 +2,15 @@
 
 In-process because the rollouts it records are opened and closed by the rollout threads of
 the same process (`endpoint/agent.py`); uvicorn serves it on a thread of its own with its
-own event loop, so an agent's blocking HTTP call never waits on a rollout thread.
+own event loop, so an agent's blocking HTTP call never waits on a rollout thread. Being in the
+loop's process, it is held to `Limits` (`endpoint/limits.py`): no client can take the process's
+files, memory or log with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -17,10 +20,12 @@ import uvicorn
 
 from ratchet.config import REQUEST_TIMEOUT_S
 from ratchet.endpoint.app import create_app
+from ratchet.endpoint.limits import Limits, RateLimitedLog, guarded_h11
 from ratchet.endpoint.recording import Rollouts
 from ratchet.errors import EndpointError
 
 START_TIMEOUT_S = 120.0  # generous: a loaded 2-core machine can take seconds to start a thread's loop
+KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, said here)
 
 
 class InterventionEndpoint:
@@ -28,10 +33,16 @@ class InterventionEndpoint:
     block ends; `ep.rollouts` opens and closes the rollouts it records."""
 
     def __init__(
-        self, upstream: str, api_key: str = "not-needed", timeout_s: float = REQUEST_TIMEOUT_S
+        self,
+        upstream: str,
+        api_key: str = "not-needed",
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        limits: Limits | None = None,
     ) -> None:
         self.rollouts = Rollouts()
-        self.app = create_app(self.rollouts, upstream, api_key, timeout_s)
+        self.limits = limits or Limits()
+        log = RateLimitedLog(logging.getLogger("ratchet.endpoint.http"), self.limits.log_lines_per_minute)
+        self.app = create_app(self.rollouts, upstream, api_key, timeout_s, self.limits, log)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # accepted connections inherit it: without it a reply written as headers, then body, waits
@@ -39,7 +50,16 @@ class InterventionEndpoint:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
+        config = uvicorn.Config(
+            self.app,
+            http=guarded_h11(self.limits, log),
+            h11_max_incomplete_event_size=self.limits.max_header_bytes,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            backlog=self.limits.backlog,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="intervention-endpoint", daemon=True)
 

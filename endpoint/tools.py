@@ -145,4 +145,4 @@ class KnownKeys:
 
 async def _not_found(scope: Scope, receive: Receive, send: Send, message: str) -> None:
     body = {"error": {"message": message, "type": "not_found_error"}}
-    await JSONResponse(body, status_code=404)(scope, receive, send)
+    await JSONResponse(body, status_code=404, headers={"connection": "close"})(scope, receive, send)

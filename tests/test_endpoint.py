@@ -323,15 +323,16 @@ def test_two_parallel_rollouts_never_mix_their_calls(
 
 
 @pytest.mark.integration
-def test_the_endpoint_streams_serves_unkeyed_calls_unchanged_and_refuses_a_closed_key(
+def test_the_endpoint_streams_refuses_unkeyed_calls_and_refuses_a_closed_key(
     endpoint: InterventionEndpoint,
 ) -> None:
+    from openai import AuthenticationError
+
     before = endpoint.rollouts.unattributed
-    plain = OpenAI(base_url=f"{endpoint.url}/v1", api_key="x")
-    reply = plain.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5
-    )
-    assert reply.choices[0].message.content is not None and endpoint.rollouts.unattributed == before + 1
+    plain = OpenAI(base_url=f"{endpoint.url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(AuthenticationError, match="no rollout key"):  # never forwarded with the user's key
+        plain.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
+    assert endpoint.rollouts.unattributed == before + 1
     rec = endpoint.rollouts.open(_arm())
     keyed = OpenAI(base_url=endpoint.rollout_url(rec.key), api_key="x")
     stream = keyed.chat.completions.create(
@@ -495,7 +496,11 @@ def test_malformed_bodies_are_refused_and_record_nothing(
     offline_endpoint: InterventionEndpoint, payload: bytes, status: int, says: str
 ) -> None:
     rec = offline_endpoint.rollouts.open(_arm())
-    got = httpx.post(f"{offline_endpoint.rollout_url(rec.key)}/chat/completions", content=payload)
+    got = httpx.post(
+        f"{offline_endpoint.rollout_url(rec.key)}/chat/completions",
+        content=payload,
+        headers={"Content-Type": "application/json"},
+    )
     assert got.status_code == status and says in got.json()["error"]["message"]
     assert rec.calls == []
 
@@ -503,7 +508,12 @@ def test_malformed_bodies_are_refused_and_record_nothing(
 def test_an_oversized_body_is_refused(offline_endpoint: InterventionEndpoint) -> None:
     rec = offline_endpoint.rollouts.open(_arm())
     huge = json.dumps({"messages": [{"role": "user", "content": "x" * (17 * 1024 * 1024)}]})
-    got = httpx.post(f"{offline_endpoint.rollout_url(rec.key)}/chat/completions", content=huge, timeout=60)
+    got = httpx.post(
+        f"{offline_endpoint.rollout_url(rec.key)}/chat/completions",
+        content=huge,
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
     assert got.status_code == 413 and rec.calls == []
 
 

@@ -173,7 +173,7 @@ def test_a_guessed_or_mangled_key_reaches_no_tool(offline: InterventionEndpoint,
         ({"Host": "evil.example"}, 421),
         ({"Origin": "http://evil.example"}, 403),
         ({"Origin": "null"}, 403),
-        ({"content-type": "text/plain"}, 400),  # a form post needs no CORS preflight
+        ({"content-type": "text/plain"}, 415),  # a form post needs no CORS preflight (`endpoint/gate.py`)
     ],
 )
 def test_a_web_page_that_rebinds_to_the_port_runs_no_tool_even_with_the_key(
