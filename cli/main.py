@@ -523,10 +523,9 @@ def trajectories_export(
 
 
 def main() -> None:
-    from ratchet.shutdown import stop_on_signals
+    from ratchet.shutdown import run_main
 
-    stop_on_signals()
-    app()
+    run_main(app)
 
 
 if __name__ == "__main__":

@@ -66,11 +66,11 @@ def point(name: str) -> None:
     if hit != target[1]:
         return
     if os.environ.get(FAULT_ENV, "").strip().endswith("@hang"):
-        _hang()
+        _hang(name)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _hang() -> None:
+def _hang(name: str) -> None:
     """Wait forever, out of reach of signal handlers and of `KeyboardInterrupt`."""
     held = threading.Event()
 
@@ -81,4 +81,5 @@ def _hang() -> None:
 
     threading.Thread(target=hold, name="fault-holds-import-lock", daemon=True).start()
     held.wait()
+    os.write(2, f"fault point {name}: hanging here ({FAULT_ENV})\n".encode())  # for a test to wait on
     _imp.acquire_lock()  # in C, without a timeout: only the end of the process ends this

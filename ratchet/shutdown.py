@@ -22,12 +22,14 @@ stuck may hold Python's import lock.
 from __future__ import annotations
 
 import _thread
+import atexit
 import faulthandler
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from ratchet import services
 
@@ -57,6 +59,44 @@ def set_logs_dir(path: str) -> None:
     """Where a hard exit leaves its stack dump (the data dir's logs)."""
     global _logs_dir
     _logs_dir = path
+
+
+def run_main(main: Callable[[], object], grace_s: float = GRACE_S) -> None:
+    """Run an entry point (the CLI) under the signal handlers. A run that was told to stop
+    leaves by `leave`: when the main thread has unwound, another thread may still hold a lock
+    the interpreter's own finalization needs (the import lock, in the hang this is for), and
+    Python would wait for it forever after our threads are frozen."""
+    stop_on_signals(grace_s)
+    try:
+        main()
+    except SystemExit as exc:
+        if not stopping():
+            raise
+        leave(exc.code if isinstance(exc.code, int) else 1)
+    except KeyboardInterrupt:
+        if not stopping():
+            raise
+        reason, code = _why or ("interrupted", EXIT_SIGNAL)
+        say(f"{reason}; run the same command again to resume")
+        leave(code)
+    if stopping():
+        leave(0)
+
+
+def leave(code: int) -> None:
+    """End a process that was told to stop: exit handlers (Prefect's server, MLflow's queues)
+    run while the grace timer still can cut them short, then whatever services are still
+    listed are stopped, and the process ends without the interpreter's finalization."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        services.stop_all()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(code)
 
 
 def stop_on_signals(grace_s: float = GRACE_S) -> None:

@@ -22,7 +22,8 @@ from ratchet.config import load_settings
 from ratchet.flows import evaluations, tracking
 from ratchet.runtime_env import prepare_environment
 
-JOIN_S = float(os.environ.get("PROBE_JOIN_S", 240))  # a gate evaluation takes about a second; a loaded machine, many times that
+# a gate evaluation takes about a second; on a loaded machine, many times that
+JOIN_S = float(os.environ.get("PROBE_JOIN_S", 240))
 
 
 def _gate(settings: Any, name: str) -> None:

@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -82,18 +81,21 @@ _STUCK = """
 import os, subprocess, sys, time
 from pathlib import Path
 from ratchet import faults, services, shutdown, watchdog
-data = Path(sys.argv[1])
-shutdown.stop_on_signals(grace_s=float(sys.argv[3]))
-shutdown.set_logs_dir(str(data / "logs"))
-services.use(data)
-child = subprocess.Popen(["sleep", "600"], start_new_session=True)
-services.register("a service", child.pid)
-print(child.pid, flush=True)
-with watchdog.watching(float(sys.argv[2]), grace_s=float(sys.argv[3])):
-    watchdog.beat("explore 1/8")
-    print("stalling", flush=True)
-    faults.point("stage.started")
-print("never here", flush=True)
+data, limit_s, grace_s = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+
+def run():
+    shutdown.set_logs_dir(str(data / "logs"))
+    services.use(data)
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    services.register("a service", child.pid)
+    print(child.pid, flush=True)
+    with watchdog.watching(limit_s, grace_s=grace_s):
+        watchdog.beat("explore 1/8")
+        print("stalling", flush=True)
+        faults.point("stage.started")
+    print("never here", flush=True)
+
+shutdown.run_main(run, grace_s=grace_s)
 """
 
 
@@ -108,9 +110,11 @@ def _stuck(tmp_path: Path, limit_s: float, grace_s: float) -> tuple[subprocess.P
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's Ctrl-C
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
     child = int(proc.stdout.readline())
     assert proc.stdout.readline().strip() == "stalling"
+    assert "hanging here" in proc.stderr.readline()
+    time.sleep(0.5)  # from the line to the lock it waits on: microseconds; a busy machine, more
     return proc, child
 
 
@@ -295,6 +299,15 @@ def _cli(tmp_path: Path, endpoint: str, **env: str) -> subprocess.Popen[str]:
     )
 
 
+def _hung(proc: subprocess.Popen[str]) -> None:
+    """Wait until the run hangs at its fault point (it says so on stderr)."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "hanging here" in line:
+            return
+    raise AssertionError(f"the run ended before it hung (exit {proc.wait()})")
+
+
 def _prefect_pid(tmp_path: Path, proc: subprocess.Popen[str], within_s: float = 600) -> int:
     """The Prefect API server the run listed, once it has (the run then hangs at its first stage)."""
     deadline = time.monotonic() + within_s
@@ -315,11 +328,11 @@ def _prefect_pid(tmp_path: Path, proc: subprocess.Popen[str], within_s: float = 
 def test_sigterm_ends_a_stuck_evolve_and_its_prefect_server(tmp_path: Path, embedded_server: str) -> None:
     proc = _cli(tmp_path, embedded_server, RATCHET_FAULT="stage.started@hang")
     prefect = _prefect_pid(tmp_path, proc)
-    time.sleep(3)  # into the first stage, where it hangs
+    _hung(proc)
     proc.send_signal(signal.SIGTERM)
     code, err = _end(proc, timeout=120)
     assert code == 130, err[-3000:]
-    assert "run the same command again to resume" in err
+    assert "the run did not stop within 20 s" in err and "run the same command again to resume" in err
     assert _gone(prefect), "Prefect's API server outlived the run"
 
 
@@ -339,6 +352,7 @@ def test_after_a_sigkill_the_next_start_stops_the_prefect_server_it_left(
 ) -> None:
     proc = _cli(tmp_path, embedded_server, RATCHET_FAULT="stage.started@hang")
     prefect = _prefect_pid(tmp_path, proc)
+    _hung(proc)
     proc.kill()
     proc.wait()
     try:
@@ -352,7 +366,9 @@ def test_after_a_sigkill_the_next_start_stops_the_prefect_server_it_left(
             text=True,
             timeout=300,
         )
-        assert f"stopped Prefect's API server (pid {prefect}) that a killed run (pid {proc.pid})" in nxt.stderr
+        assert (
+            f"stopped Prefect's API server (pid {prefect}) that a killed run (pid {proc.pid})" in nxt.stderr
+        )
         assert _gone(prefect)
     finally:
         if services.start_time(prefect):
