@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 from ratchet.config import TaskFileSettings, task_file_suite_name
 from ratchet.errors import RatchetError, one_line
+from ratchet.files import nested_deeper_than
 from ratchet.hashing import canonical_json, content_hash
 from ratchet.suites.base import ActionError, Episode, StepResult, Suite
 from ratchet.types import SPLITS, Split, Task, TaskKey, ToolCall, ToolSpec
@@ -116,19 +117,6 @@ def shown(value: Any, width: int = 60) -> str:
         else:
             text = f"<{type(value).__name__}>"
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def depth_exceeds(value: Any, limit: int) -> bool:
-    """Is `value` (parsed JSON) nested more than `limit` lists or objects deep? Iterative: a
-    deep value cannot overflow the stack that measures it."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict | list):
-            if depth > limit:
-                return True
-            stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
-    return False
 
 
 class TaskFileEpisode(Episode):
@@ -303,7 +291,7 @@ def parse_item(line: bytes, where: str) -> dict[str, Any]:
             f"{where} holds an integer of more than {sys.get_int_max_str_digits()} digits",
             "write it as a string",
         ) from None
-    if depth_exceeds(item, MAX_DEPTH):
+    if nested_deeper_than(item, MAX_DEPTH):
         raise TaskFileError(f"{where} is nested too deep (more than {MAX_DEPTH} levels)", fix)
     shape = 'write objects like {"input": ..., "id": ...}'
     if not isinstance(item, dict):
