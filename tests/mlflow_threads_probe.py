@@ -13,6 +13,7 @@ import faulthandler
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ from ratchet.config import load_settings
 from ratchet.flows import evaluations, tracking
 from ratchet.runtime_env import prepare_environment
 
-# a gate evaluation takes about a second; on a loaded machine, many times that
+# A gate evaluation takes about a second, and on a busy machine with traces exporting into
+# the same sqlite file up to a minute: stuck is no evaluation finished for this long.
 JOIN_S = float(os.environ.get("PROBE_JOIN_S", 240))
+_progress = [time.monotonic()]
 
 
 def _gate(settings: Any, name: str) -> None:
@@ -92,6 +95,7 @@ def stress(settings: Any, n: int) -> threading.Thread:
             with tracking.generation_run(settings, 1):
                 for i in range(n):
                     _gate(settings, f"stress-{i}")
+                    _progress[0] = time.monotonic()
         finally:
             stop.set()
 
@@ -107,7 +111,8 @@ def main() -> None:
     settings = load_settings({"data_dir": str(data)})
     prepare_environment(settings)
     t = order(settings) if mode == "order" else stress(settings, int(sys.argv[3]))
-    t.join(JOIN_S)
+    while t.is_alive() and time.monotonic() - _progress[0] < JOIN_S:
+        t.join(1.0)
     # evaluate swaps sys.stdout for a buffer while it runs: write to the real fd
     if t.is_alive():
         faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
