@@ -32,12 +32,25 @@ def bar(row: Any) -> str:
     return f"{'▲ ' if row.beats_random else ''}{rnd}/{gold}"
 
 
+def versus_first(row: Any) -> str:
+    """'+16 −2 p=0.00066': the tasks this generation solves more and less often than generation 0
+    (same test tasks, same seeds) and the one-sided sign test's p; ▲ when p <= 0.05."""
+    if row.generation == 0:
+        return "(the bar)" if row.test_by_task else "—"
+    if row.vs_first_p is None:
+        return "—"
+    mark = "▲ " if row.beats_first else ""
+    return f"{mark}+{row.vs_first_better} −{row.vs_first_worse} p={row.vs_first_p:.2g}"
+
+
 def print_evolution(settings: Settings, journal: Any) -> None:
     """The journal's generations as a table: held-out success, what landed, what it cost."""
+    rows = journal.rows()
+    levels = any(bar(r) != "—" for r in rows)  # a suite's random or gold level; a task file has none
     table = Table(
         "gen",
         "test [95% CI]",
-        "random/gold",
+        "random/gold" if levels else "vs gen 0",
         "explore",
         "gated",
         "promoted",
@@ -47,7 +60,6 @@ def print_evolution(settings: Settings, journal: Any) -> None:
         "min",
         title=f"evolution {settings.evolution} · {settings.suite}",
     )
-    rows = journal.rows()
     for row in rows:
         test = "—"
         if row.test_n:
@@ -56,7 +68,7 @@ def print_evolution(settings: Settings, journal: Any) -> None:
         table.add_row(
             str(row.generation),
             test,
-            bar(row),
+            bar(row) if levels else versus_first(row),
             explored(row.explore_success, row.explore_searched),
             str(row.candidates),
             ", ".join(row.promoted) or "—",
@@ -66,7 +78,7 @@ def print_evolution(settings: Settings, journal: Any) -> None:
             f"{row.wall_seconds / 60:.1f}",
         )
     console.print(table)
-    if any(bar(r) != "—" for r in rows):
+    if levels:
         console.print(
             "random/gold: a uniformly random valid action each step and the suite's reference solutions, "
             "on the same test tasks and step budget (▲: the policy beats random, sign test p ≤ 0.05)",
@@ -74,8 +86,9 @@ def print_evolution(settings: Settings, journal: Any) -> None:
         )
     else:  # a task file, a suite without a menu or reference solutions, or baselines off
         console.print(
-            "random/gold: none for these tasks (no valid actions to pick at random and no reference "
-            "solutions, or evaluate.baseline_seeds = 0): read each generation against generation 0",
+            "vs gen 0: no random or gold level for these tasks, so each generation is read against "
+            "generation 0 on the same test tasks and seeds: tasks solved more often (+) and less often (−), "
+            "and the paired sign test's one-sided p (▲: better, p ≤ 0.05)",
             soft_wrap=True,
         )
     console.print(f"journal: {journal.path}", soft_wrap=True)

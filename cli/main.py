@@ -31,6 +31,7 @@ from ratchet.cli.common import (
     guard,
     load,
 )
+from ratchet.cli.doctor import doctor
 from ratchet.cli.library import failures, skills_app, tools_app
 from ratchet.cli.suites import suites_app
 from ratchet.config import Settings
@@ -134,7 +135,7 @@ def _launch(target: str, settings: Settings, generation: int, of: Sequence[str],
     import importlib
 
     from ratchet.flows import loop
-    from ratchet.flows.runtime import preflight
+    from ratchet.flows.preflight import preflight
 
     preflight(settings, gate=loop.gated(of), splits=loop.splits(of))
     from ratchet.flows.launch import run_flow
@@ -259,7 +260,7 @@ def evolve(
                 "explore.rollouts_per_task": k,
             }
         )
-        from ratchet.flows.runtime import preflight
+        from ratchet.flows.preflight import preflight
 
         preflight(settings, gate=True)  # one clear line, before Prefect is even imported
         from ratchet.cli.evolve import print_evolution
@@ -284,7 +285,7 @@ def deploy(
     with guard():
         settings = load()
         from ratchet.flows.launch import prefect_server_url
-        from ratchet.flows.runtime import preflight
+        from ratchet.flows.preflight import preflight
 
         url = prefect_server_url("PREFECT_API_URL is not set: deployments live on a Prefect server")
         from ratchet.flows.schedule import declared, serve_deployments
@@ -383,45 +384,7 @@ def dashboard(
         uvicorn.run(app_, host="127.0.0.1", port=port, log_level="warning")
 
 
-@app.command()
-def doctor() -> None:
-    """Check the installation: Java, the shipped model, the suites, the tool sandbox. Every
-    suite is checked, a broken one is a line of its own, and the exit code is then 2."""
-    with guard():
-        from ratchet.server.weights import shipped_gguf
-        from ratchet.skills.sandbox import SandboxUnavailableError, check_isolation
-        from ratchet.suites.registry import available_suites, failure_line, get_suite
-
-        console.print(f"model weights: {shipped_gguf()}")
-        broken = []
-        for name in sorted(available_suites()):
-            try:
-                suite = get_suite(name)
-                try:
-                    suite.check()
-                finally:
-                    suite.close()
-            except Exception as exc:  # noqa: BLE001 - one broken plug-in must not hide the others
-                why = failure_line(exc)
-                err.print(f"[bold red]suite {name}: error:[/] {why}", highlight=False, soft_wrap=True)
-                broken.append(name)
-                continue
-            console.print(f"suite {name}: ok")
-        try:
-            check_isolation()
-            console.print("tool sandbox (bubblewrap): ok")
-        except SandboxUnavailableError as exc:  # the loop runs; only tool candidates are refused
-            err.print(f"[yellow]warning:[/] {exc} (until then, tool candidates are refused)", highlight=False)
-        if broken:
-            err.print(
-                f"{len(broken)} suite plug-in(s) failed: {', '.join(broken)}; fix or reinstall them "
-                "(`ratchet suites list` shows each; a plug-in written for the first suite contract: "
-                "docs/extending.md, 'Porting a plug-in from the first contract')",
-                highlight=False,
-                soft_wrap=True,
-            )
-            raise typer.Exit(2)
-        console.print("[green]ratchet is installed[/]")
+app.command()(doctor)
 
 
 @traj_app.command("list")

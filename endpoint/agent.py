@@ -34,88 +34,21 @@ and the rules and constraints that changed the tools it was offered.
 
 from __future__ import annotations
 
-import inspect
 import json
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from ratchet.agents.rollout import RolloutSlot, build_trajectory
-from ratchet.config import AgentSettings
 from ratchet.endpoint.apply import latest_observation, reply_call, reply_message, text_of
+from ratchet.endpoint.entry import AgentError, YourAgent, mcp_url, task_input  # noqa: F401 - also imported from here
 from ratchet.endpoint.recording import Arm, Call, Recording
 from ratchet.endpoint.serve import InterventionEndpoint
-from ratchet.errors import RatchetError, TransientModelError, one_line
+from ratchet.errors import TransientModelError, one_line
 from ratchet.suites.base import Episode, StepResult, Suite
-from ratchet.suites.task_file import TaskFileEpisode, load_entry
-from ratchet.types import PromptRecord, RecordedCall, Step, Task, Trajectory
-
-
-class AgentError(RatchetError):
-    """The configured agent cannot be loaded."""
-
-
-@dataclass(frozen=True)
-class YourAgent:
-    """The agent `agent.entry` names, loaded once per process."""
-
-    settings: AgentSettings
-
-    @cached_property
-    def entry(self) -> Any:
-        return load_entry(self.settings.entry, "agent")
-
-    def check(self) -> None:
-        """Loaded now, so a wrong name is one line before anything runs; an agent that loads MCP
-        tools (`agent.mcp`) must take them as `mcp_url`."""
-        entry = self.entry
-        if self.settings.mcp and "mcp_url" not in _parameters(entry):
-            raise AgentError(
-                f"agent.mcp is set, and {self.settings.entry} takes no 'mcp_url' argument",
-                "give it a keyword argument mcp_url (the rollout's MCP server), or unset agent.mcp",
-            )
-
-    def run(self, task_input: Any, base_url: str, max_steps: int) -> Any:
-        """The agent's answer to one task (raises what the agent raised)."""
-        extra = {"mcp_url": mcp_url(base_url)} if self.settings.mcp else {}
-        if self.settings.kind == "function":
-            return self.entry(task_input, base_url, **extra)
-        graph = self.entry(base_url, **extra)
-        text = task_input if isinstance(task_input, str) else json.dumps(task_input, ensure_ascii=False)
-        state = graph.invoke(
-            {"messages": [{"role": "user", "content": text}]},
-            config={"recursion_limit": 2 * max_steps + 5},
-        )
-        messages = state.get("messages") if isinstance(state, dict) else None
-        if not messages:
-            raise AgentError(
-                "the graph's final state has no messages", "return a graph with a messages state"
-            )
-        last = messages[-1]
-        return text_of(getattr(last, "content", None) if not isinstance(last, dict) else last.get("content"))
-
-
-def mcp_url(base_url: str) -> str:
-    """The rollout's MCP server of distilled tools, beside its model API: `…/r/<key>/mcp`."""
-    return base_url.removesuffix("/").removesuffix("/v1") + "/mcp"
-
-
-def _parameters(fn: Any) -> set[str]:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a callable without a signature: nothing can be said
-        return {"mcp_url"}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return {*params, "mcp_url"}
-    return set(params)
-
-
-def task_input(task: Task) -> Any:
-    """What the agent is given: the task file's `input` as written, else the instruction."""
-    return task.spec["input"] if "input" in task.spec else task.instruction
+from ratchet.suites.task_file import TaskFileEpisode
+from ratchet.types import PromptRecord, RecordedCall, Step, Trajectory
 
 
 def run_agent_rollout(
@@ -241,7 +174,8 @@ def _call_with_timeout(fn: Any, args: tuple[Any, ...], out: dict[str, Any], time
 
 def prompt_record(calls: list[Call]) -> PromptRecord | None:
     """The fixed part of the first call as forwarded: the system text (the agent's, with the
-    policy's), the first user message, the tools offered."""
+    policy's), the first user message, the tools offered; and the agent's own system text and
+    tools as it sent them (what MLflow's agent version shows as your agent's)."""
     first = next((c for c in calls if c.sent), None)
     if first is None:
         return None
@@ -250,12 +184,17 @@ def prompt_record(calls: list[Call]) -> PromptRecord | None:
         (text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer")), ""
     )
     user = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    own = first.request.get("messages") or []
     return PromptRecord(
         system=system,
         task=user,
         first_observation=user,
         tools=list(first.sent.get("tools") or []),
         window=len(calls),
+        sent_system=next(
+            (text_of(m.get("content")) for m in own if m.get("role") in ("system", "developer")), ""
+        ),
+        sent_tools=list(first.request.get("tools") or []),
     )
 
 

@@ -21,6 +21,13 @@ MLflow after every change to what is live, the way a SKILL.md mirrors its audit 
   moves when the text changes, and a retired skill's prompt keeps its versions and loses
   the alias.
 
+* **Your agent** (`agent.entry`). The model receives your agent's own prompt, not ratchet's
+  actor's, so its agent version shows that instead: what the agent sent, as first seen in the
+  version's rollouts (`ratchet-<evolution>.agent.system` and `.agent.tools`, found again by
+  hash; `record_sent`), and what ratchet added (`ratchet-<evolution>.additions`: the live
+  skills and exemplars appended to its system message; rules and argument constraints are the
+  skills' own prompts). Its params name the entry point and its kind.
+
 `sync` rewrites the whole mirror from the stores, so it can run after any change by anyone
 (a stage, the CLI, the HTTP API, the `promote` flow) and converges after a kill. It never
 raises: a failure to write MLflow is a warning, and ratchet's own record stands.
@@ -39,6 +46,7 @@ stage") and logged in a stage; any later sync repairs it.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -50,6 +58,8 @@ from mlflow.tracking import MlflowClient
 
 from ratchet.agents.prompts import system_prompt
 from ratchet.config import Settings
+from ratchet.endpoint.apply import system_addition
+from ratchet.endpoint.recording import Arm
 from ratchet.flows.runtime import champion_policy, model_policy, policy_with
 from ratchet.flows.tracking import EVOLUTION, GENERATION, evolution_run_id, setup_experiment
 from ratchet.flows.tracking import KIND as KIND_TAG
@@ -59,7 +69,7 @@ from ratchet.lifecycle import Change, Listener, subscribe
 from ratchet.skills.format import Skill
 from ratchet.skills.library import SkillLibrary
 from ratchet.training.registry import AdapterRegistry, may_have_adapters
-from ratchet.types import Policy
+from ratchet.types import Policy, PromptRecord
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +78,8 @@ POLICY, LIVE, MADE_BY = "ratchet.policy_version", "ratchet.live", "ratchet.made_
 CHAMPION = "champion"  # the prompt alias of the live text
 HASH, KIND, FAMILY = "ratchet.content_hash", "ratchet.kind", "ratchet.family"
 PARAM_MAX = 500
+NOTHING_ADDED = "(nothing: ratchet appends no text to your agent's system message under this policy)"
+SENT_SYSTEM, SENT_TOOLS = "ratchet.agent.system_sha", "ratchet.agent.tools_sha"  # your agent's, first seen
 
 
 def model_name(version: str) -> str:
@@ -76,6 +88,16 @@ def model_name(version: str) -> str:
 
 def system_prompt_name(evolution: str) -> str:
     return f"ratchet-{evolution}.system"
+
+
+def additions_prompt_name(evolution: str) -> str:
+    """What ratchet appends to your agent's system message (`agent.entry`)."""
+    return f"ratchet-{evolution}.additions"
+
+
+def sent_prompt_name(evolution: str, part: str) -> str:
+    """Your agent's own `part` ('system' or 'tools'), as it sent it."""
+    return f"ratchet-{evolution}.agent.{part}"
 
 
 def skill_prompt_name(evolution: str, skill: str) -> str:
@@ -167,7 +189,9 @@ def _sync(
     client = MlflowClient(settings.mlflow_uri)
     exp_id = setup_experiment(settings)
     mlflow.set_experiment(experiment_id=exp_id)  # registered prompts are listed under the experiment
-    prompts = mirror_prompts(client, settings.evolution, library, policy)
+    prompts = mirror_prompts(
+        client, settings.evolution, library, policy, your_agent=bool(settings.agent.entry)
+    )
     model = find_model(client, exp_id, policy.version)
     if model is None:
         tags = {POLICY: policy.version, EVOLUTION: settings.evolution, LIVE: "true", MADE_BY: by or "unknown"}
@@ -177,7 +201,7 @@ def _sync(
             name=model_name(policy.version),
             source_run_id=run_id or evolution_run_id(settings),
             tags=tags,
-            params=params(policy, prompts),
+            params=params(policy, prompts) | agent_params(settings),
             model_type=AGENT,
             experiment_id=exp_id,
         )
@@ -198,6 +222,7 @@ def params(policy: Policy, prompts: list[Any]) -> dict[str, str]:
         return text if len(text) <= PARAM_MAX else text[: PARAM_MAX - 1] + "…"
 
     system = next((p for p in prompts if p.name.endswith(".system")), None)
+    added = next((p for p in prompts if p.name.endswith(".additions")), None)
     return {
         "policy_version": policy.version,
         "model": policy.model,
@@ -208,7 +233,13 @@ def params(policy: Policy, prompts: list[Any]) -> dict[str, str]:
         "rules": names(policy.rules),
         "exemplars": str(len(policy.exemplars)),
         "system_prompt": f"prompts:/{system.name}/{system.version}" if system is not None else "none",
-    }
+    } | ({"ratchet_additions": f"prompts:/{added.name}/{added.version}"} if added is not None else {})
+
+
+def agent_params(settings: Settings) -> dict[str, str]:
+    """Your agent's entry point and kind ({} for ratchet's actor): the code that ran."""
+    a = settings.agent
+    return {"agent_entry": a.entry, "agent_kind": a.kind} if a.entry else {}
 
 
 def find_model(client: MlflowClient, exp_id: str, version: str) -> Any | None:
@@ -242,19 +273,34 @@ def agent_versions(settings: Settings) -> dict[str, Any]:
 
 
 def mirror_prompts(
-    client: MlflowClient, evolution: str, library: SkillLibrary | None, policy: Policy
+    client: MlflowClient,
+    evolution: str,
+    library: SkillLibrary | None,
+    policy: Policy,
+    your_agent: bool = False,
 ) -> list[Any]:
     """The live texts at their `champion` alias (registered where new), and no alias on the
-    prompt of a skill that is no longer live; returns the live prompt versions."""
-    live = [
-        ensure_prompt(
+    prompt of a skill that is no longer live; returns the live prompt versions. For your agent
+    the first is what ratchet appends to its system message, not the actor's system prompt
+    (which your agent's model never reads)."""
+    if your_agent:
+        first = ensure_prompt(
+            client,
+            additions_prompt_name(evolution),
+            system_addition(Arm(policy)) or NOTHING_ADDED,
+            {POLICY: policy.version},
+            f"appended to your agent's system message: {len(policy.skills)} skill(s), "
+            f"{len(policy.exemplars)} exemplar set(s)",
+        )
+    else:
+        first = ensure_prompt(
             client,
             system_prompt_name(evolution),
             system_prompt(policy.skills),
             {POLICY: policy.version},
             f"the system prompt with {len(policy.skills)} live prompt skill(s)",
         )
-    ]
+    live = [first]
     if library is None:
         return live
     promoted = library.list(status="promoted")
@@ -268,6 +314,51 @@ def mirror_prompts(
     for name in sorted(gone):
         drop_alias(client, skill_prompt_name(evolution, name))
     return live
+
+
+def record_sent(settings: Settings, model_id: str, sent: PromptRecord) -> None:
+    """On agent version `model_id`, what your agent sent (its system text and tools, from a
+    rollout it played), unless the version already has it: the first seen stays. The texts are
+    prompts found again by hash, so an agent unchanged across versions is one prompt version.
+    Never raises (a warning): ratchet's own record stands."""
+    try:
+        _record_sent(settings, model_id, sent)
+    except Exception as exc:  # noqa: BLE001 - a mirror must never break a run
+        log.warning("MLflow's agent version does not show what your agent sent: %s", exc)
+
+
+def _record_sent(settings: Settings, model_id: str, sent: PromptRecord) -> None:
+    client = MlflowClient(settings.mlflow_uri)
+    if client.get_logged_model(model_id).tags.get(SENT_SYSTEM):
+        return
+    evolution, tools = settings.evolution, sent.sent_tools or []
+    names = ", ".join(str((t.get("function") or {}).get("name", "?")) for t in tools) or "none"
+    system = ensure_prompt(
+        client,
+        sent_prompt_name(evolution, "system"),
+        sent.sent_system or "(your agent sent no system message)",
+        {"ratchet.agent.entry": settings.agent.entry},
+        f"{settings.agent.entry}'s system message, as it sent it",
+    )
+    offered = ensure_prompt(
+        client,
+        sent_prompt_name(evolution, "tools"),
+        json.dumps(tools, indent=2, sort_keys=True, ensure_ascii=False),
+        {"ratchet.agent.entry": settings.agent.entry},
+        f"{settings.agent.entry}'s tools, as it offered them: {names}",
+    )
+    for pv in (system, offered):
+        client.link_prompt_version_to_model(pv.name, str(pv.version), model_id)
+    client.log_model_params(
+        model_id,
+        {
+            "agent_system_prompt": f"prompts:/{system.name}/{system.version}",
+            "agent_tools": f"prompts:/{offered.name}/{offered.version}",
+        },
+    )
+    names = names if len(names) <= PARAM_MAX else names[: PARAM_MAX - 1] + "…"
+    tags = {SENT_SYSTEM: system.tags[HASH], SENT_TOOLS: offered.tags[HASH], "ratchet.agent.tools": names}
+    client.set_logged_model_tags(model_id, tags)
 
 
 def ensure_prompt(client: MlflowClient, name: str, template: str, tags: dict[str, str], why: str) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from ratchet.agents.baselines import beats_random
+from ratchet.agents.baselines import beats_random, versus_random
 from ratchet.config import Settings
 from ratchet.errors import StateFileError
 from ratchet.files import check_regular_file, nested_deeper_than, write_text_atomic
@@ -62,10 +62,21 @@ class GenerationRow:
     random_ci95: tuple[float, float] | None = None
     gold_success: float | None = None  # the suite's reference solutions on the same test tasks
     vs_random_p: float | None = None  # one-sided sign test: the policy beats random, task by task
+    test_by_task: dict[str, float] | None = None  # each test task's success rate (its rollouts')
+    # Against generation 0 on the same test tasks and seeds, where no random level exists to read
+    # a generation against (a task file): the same paired sign test as against random.
+    vs_first_better: int | None = None  # tasks this generation solves more often than generation 0
+    vs_first_worse: int | None = None
+    vs_first_p: float | None = None  # one-sided: P(at least `better` of better+worse | no difference)
 
     @property
     def beats_random(self) -> bool:
         return beats_random(self.vs_random_p)
+
+    @property
+    def beats_first(self) -> bool:
+        """Better than generation 0 by the sign test (p <= 0.05), as ▲ marks beating random."""
+        return beats_random(self.vs_first_p)
 
     @property
     def test_success(self) -> float | None:
@@ -129,7 +140,24 @@ class Journal:
             if r.flow_run_id:
                 row.flow_runs[r.stage] = r.flow_run_id
             fills.get(r.stage, no_fill)(row, r.summary)
-        return [_ROW.validate_python(asdict(rows[g])) for g in sorted(rows)]
+        checked = [_ROW.validate_python(asdict(rows[g])) for g in sorted(rows)]
+        pair_with_first(checked)
+        return checked
+
+
+def pair_with_first(rows: list[GenerationRow]) -> None:
+    """Each later generation against generation 0, task by task on the same test tasks (the
+    exact sign test `versus_random` runs against random): what a task file, which has no random
+    level, is read against. Left empty where either side has no per-task record."""
+    first = next((r for r in rows if r.generation == 0), None)
+    if first is None or not first.test_by_task:
+        return
+    for row in rows:
+        if row.generation == 0 or not row.test_by_task:
+            continue
+        v = versus_random(row.test_by_task, first.test_by_task)
+        if v.better + v.worse + v.ties:
+            row.vs_first_better, row.vs_first_worse, row.vs_first_p = v.better, v.worse, v.p_value
 
 
 # A journal is read back with its types checked (pydantic, lax: 3.0 is a fine int), so a

@@ -56,6 +56,8 @@ def fill_evaluate(row: GenerationRow, s: dict[str, Any]) -> None:
         row.gold_success = base["gold"]["rate"]
     if s.get("vs_random"):
         row.vs_random_p = s["vs_random"]["p_value"]
+    if s.get("by_task"):  # absent in journals written before it was kept
+        row.test_by_task = dict(s["by_task"])
 
 
 LOOP: tuple[Stage, ...] = (

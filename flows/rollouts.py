@@ -28,7 +28,7 @@ from ratchet.flows.runtime import LoopRuntime, RuntimeRef
 from ratchet.hashing import content_hash
 from ratchet.shutdown import stopping
 from ratchet.stats import wilson_interval
-from ratchet.types import Policy, Split, Trajectory
+from ratchet.types import Policy, PromptRecord, Split, Trajectory
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -269,6 +269,8 @@ class StageResult:
             **({"baselines": self.baselines.summary()} if self.baselines else {}),
             **({"vs_random": asdict(self.vs_random)} if self.vs_random else {}),
             **({"searched": list(self.searched)} if self.searched is not None else {}),
+            # per task, so each generation is paired with generation 0 on the same tasks (`flows/journal.py`)
+            **({"by_task": dict(r.by_task)} if self.stage == "evaluate" else {}),
         }
 
     def render(self, console: Console, settings: Settings, run_id: str | None = None) -> None:
@@ -325,10 +327,23 @@ def run_split(
     started = time.perf_counter()
     report = run_slots(rt, slots, policy, settings_for, stage, trace)
     wall, ids = time.perf_counter() - started, [sl.id for sl in slots]
+    if model_id and rt.agent is not None:  # the agent version shows what your agent sent
+        sent = first_sent(rt, ids)
+        if sent is not None:
+            agent_versions.record_sent(s, model_id, sent)
     result = StageResult(stage, report, wall, policy.version, model_id=model_id, slot_ids=ids)
     if run is not None:
         _log_split(rt, result, split, slots, params)
     return result
+
+
+def first_sent(rt: LoopRuntime, ids: Sequence[str]) -> PromptRecord | None:
+    """The prompt record of the first of these rollouts in which your agent called the model."""
+    for i in ids:
+        t = rt.store.get(i)
+        if t is not None and t.prompt is not None and t.prompt.sent_system is not None:
+            return t.prompt
+    return None
 
 
 def _log_split(

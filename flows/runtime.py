@@ -7,7 +7,6 @@ unreachable) or the embedded server, started here and stopped when the `with` en
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import uuid
 import weakref
@@ -21,10 +20,18 @@ from langchain_core.language_models import BaseChatModel
 from ratchet.agents.actor import build_actor
 from ratchet.agents.model import ToolCallMode, chat_model
 from ratchet.config import Settings
-from ratchet.endpoint.agent import YourAgent
+from ratchet.endpoint.entry import YourAgent
 from ratchet.endpoint.serve import InterventionEndpoint
-from ratchet.errors import ConfigError, EndpointError, SuiteVersionError
-from ratchet.files import check_regular_file
+from ratchet.errors import EndpointError
+from ratchet.flows.preflight import (  # noqa: F401 - check_* and preflight are also imported from here
+    check_dev_size,
+    check_model_endpoint,
+    check_search,
+    check_state_files,
+    check_suite_version,
+    preflight,
+    your_agent,
+)
 from ratchet.flows.tracking import audit_logger
 from ratchet.kinds import apply_all
 from ratchet.memory.retrieval import SkillRetriever
@@ -34,18 +41,17 @@ from ratchet.runtime_env import prepare_environment
 from ratchet.server.launcher import (
     EmbeddedServer,
     check_endpoint,
-    check_port_free,
     ensure_adapter,
     probe_tool_calls,
     served_dtype,
 )
-from ratchet.server.weights import BASE_MODEL_NAME, shipped_gguf
+from ratchet.server.weights import BASE_MODEL_NAME
 from ratchet.skills.format import Skill
-from ratchet.skills.library import SkillLibrary, read_audit
+from ratchet.skills.library import SkillLibrary
 from ratchet.skills.toolbox import Toolbox
 from ratchet.suites import Suite, suite_from
-from ratchet.training.registry import AdapterRegistry, AdapterVersion, may_have_adapters
-from ratchet.types import SPLITS, Policy, Task
+from ratchet.training.registry import AdapterRegistry, AdapterVersion
+from ratchet.types import Policy
 
 log = logging.getLogger(__name__)
 
@@ -186,12 +192,7 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
     """Yield a reachable OpenAI-compatible base URL serving `settings.model.name`."""
     url = base_url or settings.model.endpoint
     if url:
-        served = check_endpoint(url, settings.model.api_key.get_secret_value())
-        if served and settings.model.name not in served:
-            raise EndpointError(
-                f"{url} does not serve model {settings.model.name!r} (it serves: {', '.join(served[:5])})",
-                "set model.name to one of those",
-            )
+        check_model_endpoint(settings, url)
         yield url
         return
     if settings.model.name != BASE_MODEL_NAME:
@@ -209,107 +210,6 @@ def model_endpoint(settings: Settings, base_url: str | None = None) -> Iterator[
         kv_dtype=settings.model.kv_dtype,
     ) as url:
         yield url
-
-
-def preflight(settings: Settings, gate: bool = False, splits: Sequence[str] = ("train", "test")) -> None:
-    """Fail fast on bad input, before a flow run, a model server or any new state exists.
-
-    Cheapest first: the state files already in the data dir (journal, trajectory DB, skill
-    audit log, the champion adapter's files), then the settings (`gate`: the dev split is
-    large enough for the A/B gate), the suite and Java, whether the suite has `splits` at the
-    sizes set, the endpoint or the port."""
-    check_state_files(settings)
-    if gate:
-        check_dev_size(settings, {"each family": settings.splits.dev})
-    suite = suite_from(settings)
-    try:
-        if settings.trajectories_db.is_file():
-            store = open_store(settings.trajectories_db)
-            try:
-                check_suite_version(store, settings.evolution, suite)
-            finally:
-                store.close()
-        suite.check()
-        if settings.explore.search:
-            check_search(suite)
-        for split in splits:
-            try:  # the seeds alone tell whether the split is that large; no need to build tasks
-                for subset in suite.subsets:
-                    suite.split_seeds(subset, split, getattr(settings.splits, split))
-            except ValueError as exc:
-                raise ConfigError(f"cannot build the {split} split: {exc}", f"lower splits.{split}") from None
-        if settings.agent.entry:
-            if settings.explore.search:
-                raise ConfigError(
-                    "explore.search returns ratchet's actor to stored states; your agent (agent.entry) "
-                    "starts every task from its beginning",
-                    "set explore.search = 0",
-                )
-            your_agent(settings, suite)
-    finally:
-        suite.close()
-    if settings.model.endpoint:
-        with model_endpoint(settings):
-            pass
-    else:
-        shipped_gguf()  # the model package is installed
-        if settings.model.port:
-            check_port_free("127.0.0.1", settings.model.port)
-
-
-def check_search(suite: Suite) -> None:
-    """Search explore replays stored actions to return to a state (`agents/search.py`): refused
-    for a suite whose episodes may not come back the same way."""
-    if not suite.replayable:
-        raise ConfigError(
-            f"explore.search needs episodes that replay; suite {suite.name!r} does not declare "
-            "Suite.replayable",
-            "set explore.search = 0, or declare replayable = True if its episodes are deterministic",
-        )
-
-
-def check_suite_version(store: TrajectoryStore, evolution: str, suite: Suite) -> None:
-    """Refuse to resume an evolution whose rollouts were played on another version of its
-    suite: its stored results would be mixed with new ones in every table and gate. Rows
-    stored before versions were recorded ('') say nothing and are let through."""
-    other = sorted(store.suite_versions(evolution).get(suite.name, set()) - {"", suite.version})
-    if other:
-        raise SuiteVersionError(
-            f"evolution {evolution!r} was played on suite {suite.name} version {other[0]}, and the "
-            f"installed suite is version {suite.version}",
-            "start a new evolution (--evolution NAME), or reinstall the suite version it was played on",
-        )
-
-
-def check_dev_size(s: Settings, dev: dict[str, int]) -> None:
-    """Refuse a dev split (tasks per family) on which the gate could never admit anything."""
-    need = math.ceil(math.log2(1 / s.verify.alpha))  # all-repairs on fewer tasks is never significant
-    small = sorted(f for f, n in dev.items() if n < need)
-    if small:
-        raise ConfigError(
-            f"the dev split has too few tasks for the gate ({small[0]}: {dev[small[0]]}); even "
-            f"{need - 1} repairs out of {need - 1} are not significant at alpha={s.verify.alpha}",
-            f"set splits.dev to at least {need} (16 or more gives the gate room to decide)",
-        )
-
-
-def check_state_files(settings: Settings) -> None:
-    """Read what earlier runs left (never creating anything): a damaged file is one line now."""
-    from ratchet.flows.journal import Journal
-
-    Journal.load(settings)
-    if check_regular_file(settings.trajectories_db, "the trajectory database"):
-        store = open_store(settings.trajectories_db)
-        try:
-            store.check_integrity()
-        finally:
-            store.close()
-    read_audit(settings.skills_dir)
-    if may_have_adapters(settings):
-        registry = AdapterRegistry(settings)
-        champion = registry.champion()
-        if champion is not None:
-            registry.checked_path(champion)
 
 
 @contextmanager
@@ -338,34 +238,6 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                 store.close()
     finally:
         suite.close()
-
-
-def your_agent(settings: Settings, suite: Suite) -> YourAgent:
-    """The agent `agent.entry` names, loaded (one line if it cannot be), on a suite whose tasks
-    it can answer: a task file, or a suite whose episodes take an answer in words."""
-    agent = YourAgent(settings.agent)
-    agent.check()
-    task = next(iter(_first_tasks(suite)), None)
-    if task is None:
-        raise ConfigError(f"suite {settings.suite!r} has no task", "give it tasks")
-    with suite.episode(task) as episode:
-        episode.reset()
-        answers = episode.offers_text_reply(0)
-    if not answers:
-        raise ConfigError(
-            f"agent.entry plays tasks that take an answer, and suite {settings.suite!r} takes tool calls",
-            "use a task file (tasks.file) or a suite whose tasks are answered in words",
-        )
-    return agent
-
-
-def _first_tasks(suite: Suite) -> Iterator[Task]:
-    """The first task of each split that has one."""
-    for split in SPLITS:
-        try:
-            yield from suite.tasks(split, 1)[:1]
-        except ValueError:
-            continue
 
 
 def intervention_endpoint(settings: Settings, url: str) -> InterventionEndpoint:

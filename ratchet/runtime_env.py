@@ -85,9 +85,30 @@ def check_data_dir(data: Path) -> None:
         raise DataDirError(
             f"the data dir {data} cannot be created: {exc.strerror or exc}", f"{fix}, or create it writable"
         ) from None
-    if not os.access(data, os.W_OK | os.X_OK):
+    _check_writable(data, data, fix)
+
+
+def check_data_dir_unmade(data: Path) -> None:
+    """`check_data_dir` without creating anything (`ratchet doctor`): the data dir, or where it
+    would be created, is a directory this process may write."""
+    fix = "choose another --data-dir (or data_dir in ratchet.toml)"
+    here = data
+    while not os.path.lexists(here) and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        what = "the data dir" if here == data else f"{here}, where the data dir {data} would be made,"
         raise DataDirError(
-            f"the data dir {data} is read-only",
+            f"{what} is not a directory" if here != data else f"the data dir {data} is a file",
+            f"move the file away or {fix}",
+        )
+    _check_writable(here, data, fix)
+
+
+def _check_writable(here: Path, data: Path, fix: str) -> None:
+    if not os.access(here, os.W_OK | os.X_OK):
+        what = f"the data dir {data}" if here == data else f"{here} (where the data dir {data} would be made)"
+        raise DataDirError(
+            f"{what} is read-only",
             f"make it writable (its permissions, or the file system's mount) or {fix}",
         )
 

@@ -138,6 +138,14 @@ class PromptRecord(BaseModel):
     compact_repeats: bool = Field(
         default=False, description="results shown before word for word were shown as a note"
     )
+    sent_system: str | None = Field(
+        default=None,
+        description="your agent's own system text as it sent it, before the policy's additions "
+        "('' : it sent none; None: ratchet's actor played)",
+    )
+    sent_tools: list[dict[str, Any]] | None = Field(
+        default=None, description="the tools your agent offered, as it sent them (None: ratchet's actor)"
+    )
 
 
 class Branch(BaseModel):

@@ -627,6 +627,9 @@ def test_a_generation_evolves_your_agent_and_gates_a_candidate_through_it(
     journal = evolve_flow(settings=settings, generations=1, base_url=embedded_server)
     rows = journal.rows()
     assert [r.generation for r in rows] == [0, 1] and rows[1].test_n == 3
+    # no random level for a task file: generation 1 is paired with generation 0, task by task
+    assert rows[0].random_success is None and len(rows[0].test_by_task or {}) == 3
+    assert rows[1].vs_first_p is not None and 0 <= rows[1].vs_first_better + rows[1].vs_first_worse <= 3
     store = open_store(settings.trajectories_db)
     try:
         trajs = store.query(evolution="default")
