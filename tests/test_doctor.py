@@ -96,8 +96,9 @@ def assert_nothing_started(cwd: Path, left: list[str]) -> None:
         (LANGGRAPH + "[splits]\ntest = 51\n", "has 50 test tasks"),  # this file splits 50/50/50
         (LANGGRAPH + "[splits]\ndev = 4\n", "too few tasks for the gate"),
         (LANGGRAPH + "[splits]\ndev = 51\n", "has 50 dev tasks"),  # the gate's split, checked too
+        ('data_dir = "score.py"\n' + LANGGRAPH, "the data dir score.py is a file"),
     ],
-    ids=["unknown-key", "no-task-file", "no-entry", "no-scorer", "big-test", "small-dev", "big-dev"],
+    ids=["bad-key", "no-tasks", "no-entry", "no-scorer", "big-test", "small-dev", "big-dev", "data-dir"],
 )
 def test_a_bad_configuration_is_one_line_and_exit_2_with_nothing_started(
     user: Path, config: str, says: str
