@@ -45,15 +45,20 @@ _services: dict[int, Service] = {}
 _file: str = ""  # this process's list ('' before `use`)
 
 
-def start_time(pid: int) -> str:
-    """The process's start time in clock ticks since boot ('' if there is no such process)."""
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the name ([] if there is no such process): the
+    name (field 2) may hold spaces and ')', the fields after its last ')' are plain."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return ""
-    # the name (field 2) may hold spaces and ')': the fields after its last ')' are plain
-    fields = stat[stat.rfind(b")") + 2 :].split()
+        return []
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ('' if there is no such process)."""
+    fields = _stat(pid)
     return fields[19].decode() if len(fields) > 19 else ""
 
 
@@ -143,12 +148,8 @@ def _alive(service: Service) -> bool:
 
 
 def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return ""
-    return stat[stat.rfind(b")") + 2 :][:1].decode()
+    fields = _stat(pid)
+    return fields[0].decode() if fields else ""
 
 
 def stop_all() -> None:
