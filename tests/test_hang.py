@@ -351,6 +351,7 @@ def test_the_watchdog_ends_a_stuck_evolve(tmp_path: Path, embedded_server: str) 
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # ~1.5 min; CI: the same cleanup from a planted list (above) and the SIGTERM run
 def test_after_a_sigkill_the_next_start_stops_the_prefect_server_it_left(
     tmp_path: Path, embedded_server: str
 ) -> None:
