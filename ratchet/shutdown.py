@@ -46,6 +46,7 @@ _logs_dir = ""  # where a hard exit writes every thread's stack ('' = nowhere)
 _lock = threading.Lock()
 _signals = 0
 _exiting = False
+_raised = False  # the main thread was sent its KeyboardInterrupt
 _self_sent = 0  # interrupts `stop` sent the main thread, which the watcher hears as signals
 _why: tuple[str, int] | None = None  # what `stop` ended the run for, and the exit code
 
@@ -113,10 +114,13 @@ def stop_on_signals(grace_s: float = GRACE_S) -> None:
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    """The main thread's handler: the first signal unwinds it; later ones are the watcher's."""
-    if STOPPING.is_set():
-        return
+    """The main thread's handler: the first signal (or the watchdog's `stop`) unwinds it;
+    later ones are the watcher's."""
+    global _raised
     STOPPING.set()
+    if _raised:
+        return
+    _raised = True
     raise KeyboardInterrupt
 
 

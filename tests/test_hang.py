@@ -171,6 +171,32 @@ def test_the_watchdog_ends_a_stalled_stage_with_every_threads_stack(tmp_path: Pa
     assert not list((tmp_path / "data" / "run").glob("services-*.json"))
 
 
+_BUSY = """
+import sys, time
+from ratchet import shutdown, watchdog
+
+def run():
+    shutdown.set_logs_dir(sys.argv[1])
+    with watchdog.watching(1.0, grace_s=600):
+        watchdog.beat("distill 2/5")
+        while True:
+            time.sleep(0.05)  # Python, not stuck in C: a stall the main thread can unwind from
+
+shutdown.run_main(run, grace_s=600)
+"""
+
+
+def test_the_watchdog_unwinds_a_stalled_run_that_can_unwind(tmp_path: Path) -> None:
+    """No hard exit needed: the main thread gets its KeyboardInterrupt and leaves in one line."""
+    args = [sys.executable, "-c", _BUSY, str(tmp_path / "logs")]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 75, done.stderr
+    assert len(lines) == 1 and "no progress for 1 s (evolve.watchdog_s) since distill 2/5" in lines[0], lines
+    assert "did not stop within" not in done.stderr
+    assert list((tmp_path / "logs").glob("stalled-*.txt"))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_a_stuck_run_within_its_grace_and_stops_its_services(
     tmp_path: Path, sig: signal.Signals
