@@ -1,15 +1,16 @@
 """The watchdog: a run that makes no progress for `evolve.watchdog_s` is ended, not waited on.
 
 Progress is a beat (`beat`): a rollout finished, a diagnosis or a distill job done, a
-training step, a stage started or finished, a trajectory stored. A run with no beat for the
-whole limit is stuck (a deadlock in a library, a service that stopped answering); the
+training step, a stage started or finished (`flows/progress.py` beats for each). A run with
+no beat for the whole limit is stuck (a deadlock in a library, a service that stopped answering); the
 watchdog then writes every thread's stack to the data dir's logs, says so in one line, and
 ends the run the way a Ctrl-C does (`ratchet.shutdown.stop`): unwound if the main thread
 can, else a hard exit that stops the run's services. The stages are resumable, so the same
 command again picks up at the stage that was cut.
 
-The default limit (`evolve.watchdog_s`, 15 min) is several times the slowest legitimate gap
-measured on a busy 2-core machine (a teacher's long answer, a LoRA step, a first model load).
+The default limit (`evolve.watchdog_s`, 15 min) is chosen, not measured, to sit far above the
+gaps between beats seen in the logs of runs on a busy 2-core machine (a teacher's long answer,
+a LoRA step, a first model load: seconds to a few minutes).
 """
 
 from __future__ import annotations
