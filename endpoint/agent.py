@@ -1,24 +1,31 @@
 """Your agent as the rollout: called once per task with a base URL of the intervention
 endpoint, its model calls recorded there and turned into the rollout's trajectory.
 
-Two kinds (`agent.kind`):
+Three kinds (`agent.kind`):
 
 * `function`: `entry(task_input, base_url)` returns the answer;
 * `langgraph`: `entry(base_url)` returns a compiled graph; it is invoked with
   `{"messages": [{"role": "user", "content": <task input as text>}]}` and its last
-  message's content is the answer.
+  message's content is the answer;
+* `command`: `agent.command` runs once per task as a process of its own, with its own
+  virtualenv (`endpoint/process.py`): the base URL in its environment (`OPENAI_BASE_URL`),
+  the task input as JSON on stdin, the answer on stdout.
 
-With `agent.mcp`, either entry is also given `mcp_url=`: the rollout's MCP server of the
-arm's distilled tools (`endpoint/tools.py`).
+With `agent.mcp`, either entry is also given `mcp_url=` (a command: `RATCHET_MCP_URL`): the
+rollout's MCP server of the arm's distilled tools (`endpoint/tools.py`).
 
 The answer is scored by the suite (`Episode.answer`, the task file's scoring function).
 What a rollout ends as:
 
-* the agent returned: scored; success and score as the scoring function says;
-* the agent raised after the endpoint refused a call past the step budget: a failure
-  (budget spent), like ratchet's actor running out of steps;
+* the agent returned (a command: exited 0): scored; success and score as the scoring
+  function says;
+* the agent raised (a command: ended otherwise) after the endpoint refused a call past the
+  step budget: a failure (budget spent), like ratchet's actor running out of steps;
 * the agent raised otherwise, or ran past `agent.timeout_s`: an error trajectory with the
-  traceback kept, never a stuck run;
+  traceback kept, never a stuck run. A command's error keeps the end of its stderr (and says
+  how it ended: its exit status or signal, an answer over 1 MiB, stdout that is not UTF-8);
+  past the timeout its whole process group is killed, where an in-process agent's thread is
+  left to end on its own;
 * the model behind the endpoint failed: a transient error, and the rollout is retried;
 * the agent made no model call through the endpoint: an error (it cached answers, or did
   not use the base URL it was given), since there is nothing to learn from or to gate; the
@@ -43,6 +50,7 @@ from typing import Any
 from ratchet.agents.rollout import RolloutSlot, build_trajectory
 from ratchet.endpoint.apply import latest_observation, reply_call, reply_message, text_of
 from ratchet.endpoint.entry import AgentError, YourAgent, mcp_url, task_input  # noqa: F401 - also imported from here
+from ratchet.endpoint.process import AgentProcessError, AgentTimedOut
 from ratchet.endpoint.recording import Arm, Call, Recording
 from ratchet.endpoint.serve import InterventionEndpoint
 from ratchet.errors import TransientModelError, one_line
@@ -64,7 +72,8 @@ def run_agent_rollout(
     try:
         with suite.episode(task) as episode:
             episode.reset()
-            finished = _call_with_timeout(
+            call = _in_its_process if agent.settings.kind == "command" else _call_with_timeout
+            finished = call(
                 agent.run,
                 (task_input(task), endpoint.rollout_url(rec.key), arm.max_steps),
                 answer,
@@ -74,7 +83,9 @@ def run_agent_rollout(
             if rec.upstream_error and "value" not in answer:
                 raise TransientModelError(rec.upstream_error)
             if not finished:
-                error = f"the agent did not finish in {agent.settings.timeout_s:.0f} s (agent.timeout_s)"
+                error = answer.get("timeout") or (
+                    f"the agent did not finish in {agent.settings.timeout_s:.0f} s (agent.timeout_s)"
+                )
             elif "value" in answer:
                 if not rec.calls:
                     error = (
@@ -170,6 +181,20 @@ def _call_with_timeout(fn: Any, args: tuple[Any, ...], out: dict[str, Any], time
     thread.start()
     thread.join(timeout_s)
     return not thread.is_alive()
+
+
+def _in_its_process(fn: Any, args: tuple[Any, ...], out: dict[str, Any], timeout_s: float) -> bool:
+    """`_call_with_timeout` for a command (`endpoint/process.py`), on this thread: the runner
+    kills it at `timeout_s` itself. How it failed is its own words (its stderr), not a
+    traceback of ratchet's runner; False when it timed out (out['timeout'] says how)."""
+    try:
+        out["value"] = fn(*args)
+    except AgentTimedOut as exc:
+        out["timeout"] = str(exc)
+        return False
+    except AgentProcessError as exc:
+        out["error"] = str(exc)
+    return True
 
 
 def prompt_record(calls: list[Call]) -> PromptRecord | None:

@@ -1,16 +1,19 @@
-"""Your agent's entry point (`agent.entry`), loaded and called: kept apart from the rollout
-runner (`endpoint/agent.py`) so that a pre-flight can check it without importing the actor,
-LangChain's OpenAI client or the MCP client (seconds, on a small machine)."""
+"""Your agent's entry point (`agent.entry`), loaded and called, or its command
+(`agent.command`), run in a process of its own (`endpoint/process.py`): kept apart from the
+rollout runner (`endpoint/agent.py`) so that a pre-flight can check it without importing the
+actor, LangChain's OpenAI client or the MCP client (seconds, on a small machine)."""
 
 from __future__ import annotations
 
 import inspect
 import json
+import shutil
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from ratchet.config import AgentSettings
+from ratchet.endpoint.process import run_command
 from ratchet.errors import RatchetError
 from ratchet.suites.task_file import load_entry
 from ratchet.types import Task
@@ -22,7 +25,7 @@ class AgentError(RatchetError):
 
 @dataclass(frozen=True)
 class YourAgent:
-    """The agent `agent.entry` names, loaded once per process."""
+    """The agent `agent.entry` names, loaded once per process, or the one `agent.command` runs."""
 
     settings: AgentSettings
 
@@ -32,7 +35,16 @@ class YourAgent:
 
     def check(self) -> None:
         """Loaded now, so a wrong name is one line before anything runs; an agent that loads MCP
-        tools (`agent.mcp`) must take them as `mcp_url`."""
+        tools (`agent.mcp`) must take them as `mcp_url`. A command's program must still be there
+        (a virtualenv removed since the settings were read)."""
+        if self.settings.kind == "command":
+            program = self.settings.command[0]
+            if shutil.which(program) is None:
+                raise AgentError(
+                    f"agent.command's program {program!r} is not an executable file",
+                    "create your agent's virtualenv, or name its interpreter by its path",
+                )
+            return
         entry = self.entry
         if self.settings.mcp and "mcp_url" not in _parameters(entry):
             raise AgentError(
@@ -41,8 +53,12 @@ class YourAgent:
             )
 
     def run(self, task_input: Any, base_url: str, max_steps: int) -> Any:
-        """The agent's answer to one task (raises what the agent raised)."""
+        """The agent's answer to one task (raises what the agent raised; a command raises
+        `AgentProcessError`, killed at `agent.timeout_s` itself)."""
         extra = {"mcp_url": mcp_url(base_url)} if self.settings.mcp else {}
+        if self.settings.kind == "command":
+            s = self.settings
+            return run_command(s.command, task_input, base_url, max_steps, extra.get("mcp_url"), s.timeout_s)
         if self.settings.kind == "function":
             return self.entry(task_input, base_url, **extra)
         graph = self.entry(base_url, **extra)

@@ -190,7 +190,7 @@ def _sync(
     exp_id = setup_experiment(settings)
     mlflow.set_experiment(experiment_id=exp_id)  # registered prompts are listed under the experiment
     prompts = mirror_prompts(
-        client, settings.evolution, library, policy, your_agent=bool(settings.agent.entry)
+        client, settings.evolution, library, policy, your_agent=bool(settings.agent.name)
     )
     model = find_model(client, exp_id, policy.version)
     if model is None:
@@ -239,7 +239,7 @@ def params(policy: Policy, prompts: list[Any]) -> dict[str, str]:
 def agent_params(settings: Settings) -> dict[str, str]:
     """Your agent's entry point and kind ({} for ratchet's actor): the code that ran."""
     a = settings.agent
-    return {"agent_entry": a.entry, "agent_kind": a.kind} if a.entry else {}
+    return {"agent_entry": a.name, "agent_kind": a.kind} if a.name else {}
 
 
 def find_model(client: MlflowClient, exp_id: str, version: str) -> Any | None:
@@ -337,15 +337,15 @@ def _record_sent(settings: Settings, model_id: str, sent: PromptRecord) -> None:
         client,
         sent_prompt_name(evolution, "system"),
         sent.sent_system or "(your agent sent no system message)",
-        {"ratchet.agent.entry": settings.agent.entry},
-        f"{settings.agent.entry}'s system message, as it sent it",
+        {"ratchet.agent.entry": settings.agent.name},
+        f"{settings.agent.name}'s system message, as it sent it",
     )
     offered = ensure_prompt(
         client,
         sent_prompt_name(evolution, "tools"),
         json.dumps(tools, indent=2, sort_keys=True, ensure_ascii=False),
-        {"ratchet.agent.entry": settings.agent.entry},
-        f"{settings.agent.entry}'s tools, as it offered them: {names}",
+        {"ratchet.agent.entry": settings.agent.name},
+        f"{settings.agent.name}'s tools, as it offered them: {names}",
     )
     for pv in (system, offered):
         client.link_prompt_version_to_model(pv.name, str(pv.version), model_id)

@@ -209,7 +209,7 @@ def offers_tools(s: Settings, kind: str) -> bool:
     """Whether a distilled tool of `kind` can reach the policy: ratchet's actor offers every
     tool beside the suite's; your own agent (`agent.entry`) gets function tools over MCP when it
     loads them (`agent.mcp`), and never a macro (its plan is actions of ratchet's suites)."""
-    if not s.agent.entry:
+    if not s.agent.name:
         return True
     return kind == "function" and s.agent.mcp
 
@@ -283,7 +283,7 @@ def functions(ev: Evidence, family: str) -> list[Draft]:
     if not offers_tools(ev.settings, "function") or ev.teacher is None:
         return []
     wins = ev.wins(family)
-    job = answer_job(family, wins, ev.rt.suite) if ev.settings.agent.entry else function_job(family, wins)
+    job = answer_job(family, wins, ev.rt.suite) if ev.settings.agent.name else function_job(family, wins)
     if job is None:
         return []
     return [Job(f"function {family}", ev.toolsmith, {"job": job, "screen": ev.screen(family)})]

@@ -52,7 +52,7 @@ def preflight(
             suite_ok = _check_suite(settings, splits=splits, suite=opened[0], c=c)
         finally:
             opened[0].close()
-    if settings.agent.entry and not suite_ok:  # no suite to play it on: its entry point alone
+    if settings.agent.name and not suite_ok:  # no suite to play it on: its entry point alone
         c.run(YourAgent(settings.agent).check)
     if settings.model.endpoint:
         c.run(lambda: check_model_endpoint(settings, settings.model.endpoint))
@@ -83,7 +83,7 @@ def _check_suite(settings: Settings, suite: Suite, splits: Sequence[str], c: Che
     for split in splits:
         c.run(lambda split=split: check_split(settings, suite, split))
     c.run(lambda: split_counts(settings, suite))
-    if settings.agent.entry:
+    if settings.agent.name:
         if settings.explore.search:
             c.run(_no_search_for_your_agent)
         c.run(lambda: your_agent(settings, suite))

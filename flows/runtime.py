@@ -133,7 +133,7 @@ def _worker_runtime(ref: RuntimeRef) -> LoopRuntime:
     suite = suite_from(s)
     rt = LoopRuntime(s, suite, open_store(s.trajectories_db), ref.base_url, policy_actor(s, ref.base_url))
     rt.retriever = live_retriever(s)
-    if s.agent.entry:  # this process's own endpoint: it records the rollouts this process plays
+    if s.agent.name:  # this process's own endpoint: it records the rollouts this process plays
         rt.agent, rt.endpoint = YourAgent(s.agent), intervention_endpoint(s, ref.base_url).start()
     if ref.tools:
         library = SkillLibrary(s.skills_dir, s.index_dir)
@@ -230,7 +230,7 @@ def open_runtime(settings: Settings, base_url: str | None = None) -> Iterator[Lo
                 rt.use_tools(rt.library.list(status="promoted", kind="tool"))
                 rt.adapter = load_champion_adapter(settings, url)
                 rt.model_dtype = served_dtype(url)  # the server's word, not the settings' (a caller's URL)
-                if settings.agent.entry:
+                if settings.agent.name:
                     rt.agent = your_agent(settings, suite)
                     rt.endpoint = stack.enter_context(intervention_endpoint(settings, url))
                 yield rt

@@ -16,6 +16,8 @@ import difflib
 import math
 import os
 import re
+import shlex
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -486,33 +488,84 @@ class SplitSizes(Section):
 
 
 ENTRY_POINT = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"  # 'module:attribute', as a console script names one
+COMMAND_ARGS, COMMAND_ARG_CHARS = 256, 4096  # an agent's command line: far past any real one
+AGENT_NAME_CHARS = 500  # an agent's name as records show it (an MLflow param holds 6,000)
 
 
 class AgentSettings(Section):
     """Your own agent in place of ratchet's actor (docs/your-agent.md): called once per task
     with the task's input and a base URL of the intervention endpoint (`endpoint/`), which
-    records its model calls and applies the policy of the arm the rollout plays."""
+    records its model calls and applies the policy of the arm the rollout plays. In ratchet's
+    process (`entry`), or as a program of its own with its own virtualenv (`command`)."""
 
     entry: str = Field(
         default="",
         pattern=rf"{ENTRY_POINT}|^$",
         description="'module:function' of your agent, imported with the working directory on the path; "
-        "empty: ratchet's own actor plays the suite's tools",
+        "empty: ratchet's own actor plays the suite's tools (or `command` runs your agent)",
     )
-    kind: Literal["function", "langgraph"] = Field(
+    kind: Literal["function", "langgraph", "command"] = Field(
         default="function",
         description="'function': entry(task_input, base_url) returns the answer; 'langgraph': "
         "entry(base_url) returns a compiled graph, invoked with {'messages': [task input]}, whose last "
-        "message is the answer",
+        "message is the answer; 'command': `command` runs once per task in a process group of its own "
+        "(endpoint/process.py)",
+    )
+    command: list[str] = Field(
+        default_factory=list,
+        max_length=COMMAND_ARGS,
+        description="kind 'command': the program and its arguments, e.g. ['agent-venv/bin/python', "
+        "'agent.py'], run from the working directory; the task input as JSON on stdin, the answer on "
+        "stdout, OPENAI_BASE_URL (and RATCHET_MCP_URL) in its environment",
     )
     timeout_s: float = Field(
         default=600.0, gt=0, le=DAY_S, description="one task's wall time; past it the rollout is an error"
     )
     mcp: bool = Field(
         default=False,
-        description="your agent loads MCP tools: its entry is also given `mcp_url`, the rollout's MCP server "
-        "of distilled tools, and distill drafts function tools for it; false: no tool is drafted",
+        description="your agent loads MCP tools: its entry is also given `mcp_url` (a command: "
+        "RATCHET_MCP_URL), the rollout's MCP server of distilled tools, and distill drafts function tools "
+        "for it; false: no tool is drafted",
     )
+
+    @field_validator("command")
+    @classmethod
+    def _plain_arguments(cls, v: list[str]) -> list[str]:
+        for i, arg in enumerate(v):
+            if "\0" in arg or len(arg) > COMMAND_ARG_CHARS:
+                raise ValueError(f"argument {i} holds a NUL byte or is over {COMMAND_ARG_CHARS} characters")
+        return v
+
+    @model_validator(mode="after")
+    def _one_agent(self) -> AgentSettings:
+        """An entry point for the in-process kinds, a command for 'command', never both: a setting
+        silently ignored would run another agent than the one meant."""
+        if self.kind != "command":
+            if self.command:
+                raise ValueError(f"agent.command is for kind = 'command' (kind is {self.kind!r})")
+            return self
+        if self.entry:
+            raise ValueError(
+                "kind 'command' runs agent.command, and agent.entry is set too: unset one "
+                "(entry runs in ratchet's process, command in a process of its own)"
+            )
+        if not self.command or not self.command[0]:
+            raise ValueError("kind 'command' needs agent.command, e.g. ['agent-venv/bin/python', 'agent.py']")
+        if shutil.which(self.command[0]) is None:
+            raise ValueError(
+                f"agent.command's program {self.command[0]!r} is not an executable file (from "
+                f"{os.getcwd()}, or on PATH): create the virtualenv it names, or fix the path"
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        """Your agent as records show it: its entry point, or its command line (cut to fit an
+        MLflow param); '' for ratchet's own actor, so it also says whether your agent plays."""
+        if self.kind == "command" and self.command:
+            line = shlex.join(self.command)
+            return line if len(line) <= AGENT_NAME_CHARS else line[: AGENT_NAME_CHARS - 1] + "…"
+        return self.entry
 
 
 class TaskFileSettings(Section):

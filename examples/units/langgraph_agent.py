@@ -5,12 +5,14 @@ The model must call a tool each turn (`tool_choice="required"`); `convert` retur
 
 ratchet calls `build(base_url)` once per task and invokes the graph it returns with
 `{"messages": [question]}`; the last message is the answer. The only change ratchet needs is
-the chat model's `base_url`.
+the chat model's `base_url`. `langgraph_process.py` runs the same graph as a program of its
+own, with ratchet's distilled tools loaded over MCP as `more_tools`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -38,14 +40,14 @@ def list_units(kind: str) -> str:
     return ", ".join(units) if units else "kinds: length, mass, time, volume"
 
 
-def build(base_url: str | None = None):
+def build(base_url: str | None = None, more_tools: Sequence = ()):
     model = ChatOpenAI(
         model=MODEL,
         base_url=base_url,
         api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
         max_tokens=64,
     )
-    tools = [convert, list_units]
+    tools = [convert, list_units, *more_tools]
     return create_react_agent(model.bind_tools(tools, tool_choice="required"), tools, prompt=PROMPT)
 
 
