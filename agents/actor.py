@@ -27,7 +27,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Protocol, TypedDict
 
 from langchain_core.language_models import BaseChatModel
@@ -36,13 +36,24 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.runtime import Runtime
 
-from ratchet.agents.prompts import REPEAT_MIN_CHARS, repeat_note, system_prompt, task_prompt
+from ratchet.agents.prompts import REPEAT_MIN_CHARS, SYSTEM, repeat_note, task_prompt
 from ratchet.diagnosis.attribution import seen_key, state_key
 from ratchet.hashing import content_hash
-from ratchet.skills.constraints import constrain_args
-from ratchet.skills.rules import Tried, bind_to_menu, call_text, constrain_tools, menu_entries, normal
+from ratchet.skills.calls import apply_policy, for_task
+from ratchet.skills.rules import bind_to_menu, call_text, constrain_tools, menu_entries, normal
 from ratchet.suites.base import ActionError, Episode, StepResult
-from ratchet.types import NO_TOOL_CALL, TOOL_ERROR, Policy, PromptRecord, RuleSpec, SkillText, Step, ToolCall
+from ratchet.types import (
+    NO_TOOL_CALL,
+    TOOL_ERROR,
+    ModelCall,
+    Policy,
+    PromptRecord,
+    RuleSpec,
+    SkillText,
+    Step,
+    ToolCall,
+    Tried,
+)
 
 # Search's narrowing of the menu after a branch (`RolloutContext.known`), recorded on the
 # steps it changed as a rule of this name would be; it is no rule of any policy.
@@ -112,28 +123,32 @@ class RolloutContext:
     def budget_left(self) -> bool:
         return self.budget_used < self.settings.max_steps
 
-    @property
-    def system_text(self) -> str:
-        return system_prompt(
-            self.policy.skills if self.skills is None else self.skills,
-            self.policy.exemplars if self.exemplars is None else self.exemplars,
-        )
-
-    def tool_defs(self, step: Step | None = None) -> list[dict[str, Any]]:
-        """The environment's tools of this step, then the policy's, narrowed by the policy's
-        rules and argument constraints (which fired is recorded on `step`)."""
+    def call(self, step: Step | None = None) -> ModelCall:
+        """This step's model call with the policy applied (`skills/calls.py`, as the endpoint
+        and the gateway apply it): the system prompt with the skills and exemplars chosen for
+        the task; the environment's tools of this step and the policy's own, narrowed by its
+        rules (and, after a search branch, by `UNTRIED_ONLY`) and bound by its argument
+        constraints to what it has read (the task, every observation so far). Which fired, and
+        the menu as offered, are recorded on `step`."""
         offered = bind_to_menu([*self.episode.tools(), *self.policy.tools])
-        tools, fired = constrain_tools(offered, self.policy.rules, self.observation, self.tried)
-        if self.known:
-            tools, novel = constrain_tools(tools, [UNTRIED_ONLY], self.observation, self.taken_here())
-            fired += novel
-        if self.policy.constraints:  # what it has read: the task, every observation so far
-            read = [self.episode.task.instruction, *(s.observation for s in self.steps), self.observation]
-            tools, bound = constrain_args(tools, self.policy.constraints, read)
-            fired += bound
+        read = (self.episode.task.instruction, *(s.observation for s in self.steps), self.observation)
+        call = apply_policy(
+            for_task(self.policy, self.skills, self.exemplars),
+            ModelCall(
+                model=self.policy.model,
+                system=SYSTEM,
+                tools=tuple(offered),
+                observation=self.observation,
+                reads=read if self.policy.constraints else (),
+                tried=tuple(self.tried),
+            ),
+        )
+        if self.known:  # search's narrowing, after the policy's: no rule of any policy
+            tools, novel = constrain_tools(call.tools, [UNTRIED_ONLY], self.observation, self.taken_here())
+            call = replace(call, tools=tuple(tools), fired=(*call.fired, *novel))
         if step is not None:
-            step.rules, step.menu = fired, menu_entries(offered)
-        return [t.to_openai() for t in tools]
+            step.rules, step.menu = list(call.fired), menu_entries(offered)
+        return call
 
     def taken_here(self) -> list[Tried]:
         """The actions taken at the current state and progress, by the stored trajectories
@@ -149,11 +164,12 @@ class RolloutContext:
         return [Tried(normal(self.observation), a) for a in sorted(taken)]
 
     def prompt_record(self, task: str, first_observation: str) -> PromptRecord:
+        call = self.call()
         return PromptRecord(
-            system=self.system_text,
+            system=call.system_text,
             task=task,
             first_observation=first_observation,
-            tools=self.tool_defs(),
+            tools=[t.to_openai() for t in call.tools],
             window=self.settings.history_window,
             compact_repeats=self.settings.compact_repeats,
         )
@@ -348,8 +364,9 @@ def untried_action(ctx: RolloutContext, away: frozenset[str]) -> ToolCall | None
 def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step, text_ok: bool) -> AIMessage:
     """One model call: system prompt with skills, the task, the last few steps; a tool call is
     required unless the episode offers a text reply at this step (`text_ok`: "auto")."""
+    call = ctx.call(step)
     prompt = build_prompt(
-        ctx.system_text,
+        call.system_text,
         state["task"],
         state["messages"],
         ctx.settings.history_window,
@@ -357,13 +374,13 @@ def _ask(llm: BaseChatModel, state: ActorState, ctx: RolloutContext, step: Step,
         ctx.settings.compact_repeats,
     )
     seed = int(content_hash([ctx.settings.seed, step.index], length=8), 16) % (2**31)
-    tools = ctx.tool_defs(step)
+    tools = [t.to_openai() for t in call.tools]
     bound = llm.bind_tools(tools, tool_choice="auto" if text_ok else "required") if tools else llm
     options: dict[str, Any] = {"temperature": ctx.settings.temperature, "seed": seed}
     if ctx.settings.max_tokens is not None:
         options["max_tokens"] = ctx.settings.max_tokens
     # the policy's adapter is addressed by name as the request's model (vLLM's multi-LoRA convention)
-    msg = bound.invoke(prompt, model=ctx.policy.served_model, **options)
+    msg = bound.invoke(prompt, model=call.model, **options)
     usage = getattr(msg, "usage_metadata", None) or {}
     step.prompt_tokens = int(usage.get("input_tokens", 0))
     step.completion_tokens = int(usage.get("output_tokens", 0))

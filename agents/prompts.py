@@ -1,10 +1,12 @@
-"""Prompt text for the actor. Skills and exemplars enter the prompt here and nowhere else."""
+"""Prompt text for the actor. The policy's skills and exemplars enter it as every kind's
+`on_call` says (`skills/calls.py`), the same way they enter a user's agent's requests."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ratchet.types import SkillText
+from ratchet.skills.calls import apply_policy
+from ratchet.types import ModelCall, Policy, SkillText
 
 SYSTEM = (
     "You are an agent that completes tasks step by step. "
@@ -13,30 +15,10 @@ SYSTEM = (
 )
 
 
-def render_skills(skills: Sequence[SkillText]) -> str:
-    """The skills hook: active skills become a section of the system prompt (empty when none)."""
-    if not skills:
-        return ""
-    parts = ["Skills you have learned (follow them when they apply):"]
-    for s in sorted(skills, key=lambda s: s.name):
-        parts.append(f"## {s.name}\n{s.description}\n{s.body.strip()}")
-    return "\n\n".join(parts)
-
-
-def render_exemplars(demos: Sequence[SkillText]) -> str:
-    """The exemplars hook: solved tasks, as the task and the actions that solved it, nearest
-    first (empty when none)."""
-    if not demos:
-        return ""
-    parts = ["Solved examples of similar tasks (the actions that solved them, in order):"]
-    for d in demos:
-        parts.append(f"Task: {d.description}\nActions: {'; '.join(d.body.splitlines())}")
-    return "\n\n".join(parts)
-
-
 def system_prompt(skills: Sequence[SkillText], exemplars: Sequence[SkillText] = ()) -> str:
-    extra = [x for x in (render_skills(skills), render_exemplars(exemplars)) if x]
-    return "\n\n".join([SYSTEM, *extra])
+    """The actor's system prompt under a policy that shows these skills and exemplars."""
+    shown = Policy(model="", skills=tuple(skills), exemplars=tuple(exemplars))
+    return apply_policy(shown, ModelCall(model="", system=SYSTEM)).system_text
 
 
 REPEAT_MIN_CHARS = 80  # a shorter result costs about what its note would

@@ -28,7 +28,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ratchet.endpoint.apply import apply_policy, latest_observation, reply_call
+from ratchet.endpoint.apply import arm_request, latest_observation, reply_call
 from ratchet.endpoint.gate import KEY_HEADER, KINDS, Gate
 from ratchet.endpoint.limits import Limits, RateLimitedLog
 from ratchet.endpoint.recording import Call, Recording, Rollouts
@@ -177,7 +177,7 @@ def create_app(
             index = rec.calls.index(call)
             earlier = _earlier(rec.calls[:index])
         try:
-            call.sent, call.fired, call.menu = apply_policy(body, rec.arm, index, earlier)
+            call.sent, call.fired, call.menu = arm_request(body, rec.arm, index, earlier)
         except Exception as exc:  # noqa: BLE001 - a malformed tool or message is the caller's
             call.error = one_line(f"malformed request: {type(exc).__name__}: {exc}")[:500]
             return _error(400, call.error)

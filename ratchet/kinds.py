@@ -10,6 +10,14 @@ A candidate is anything the loop proposes, gates and may make live. Its kind say
   procedure becomes prompt text, a rule a `RuleSpec` on the menu, an adapter the served
   model). `flows/runtime.py:policy_with` builds every policy from this: the live one, a gate's
   candidate arm, the set gated together.
+* `on_call(policy, call) -> ModelCall`: what the kind does to one model call, reading what the
+  policy holds of it (prompt skills become a section of the system text, rules narrow the
+  offered tools' menus, constraints write what an argument may be into their schemas).
+  `ratchet.skills.calls.apply_policy` runs every registered kind's `on_call` in the order the
+  kinds were registered, each function once (procedures and guardrails share one), for
+  ratchet's actor, the intervention endpoint and the gateway alike. None: the kind changes
+  no call by itself (a tool is offered by the agent that loaded it; an adapter is the
+  policy's served model, which every call gets).
 * `template(candidate) -> str`: the candidate's live text, as MLflow's prompt and agent
   versions show it (`flows/agent_versions.py:skill_template`).
 * `label(name) -> str`: how a person sees one named ("adapter v3"; a skill by its name).
@@ -35,7 +43,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ratchet.errors import RatchetError
-from ratchet.types import Policy
+from ratchet.types import ModelCall, Policy
+
+CallStep = Callable[[Policy, ModelCall], ModelCall]
 
 Store = Literal["skills", "adapters"]
 STORES: tuple[Store, ...] = ("skills", "adapters")
@@ -61,6 +71,7 @@ class CandidateKind:
     label: Callable[[str], str] = same_name
     description: str = ""  # one line, for listings
     priority: int = 1  # the gate's order under a cap (module docstring): lower first
+    on_call: CallStep | None = None  # what it does to one model call (module docstring)
 
     def __post_init__(self) -> None:
         if self.store not in STORES:
@@ -103,6 +114,12 @@ def kind_of(name: str) -> CandidateKind:
 def kinds_in(store: Store) -> list[CandidateKind]:
     """The registered kinds a store files, in the order they were registered."""
     return [k for k in KINDS.values() if k.store == store]
+
+
+def call_steps() -> list[CallStep]:
+    """Every registered kind's `on_call`, each function once, in the order the kinds were
+    registered (the order `ratchet.skills.calls.apply_policy` runs them in)."""
+    return list(dict.fromkeys(k.on_call for k in KINDS.values() if k.on_call is not None))
 
 
 def apply_all(policy: Policy, candidates: Iterable[Any]) -> Policy:

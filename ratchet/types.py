@@ -6,6 +6,7 @@ serialize to JSON (trajectory store, MLflow artifacts, JSONL export) without glu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -360,6 +361,39 @@ class Policy(BaseModel):
             ),
             length=12,
         )
+
+
+@dataclass(frozen=True)
+class Tried:
+    """One earlier step of an episode, as a `no_repeat` rule sees it."""
+
+    state: str  # the observation acted from (normal form, without the options)
+    action: str  # the action (normal form, 'tool: value')
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One model call as a policy sees and changes it (`ratchet.skills.calls.apply_policy`),
+    whoever makes it: ratchet's actor, a user's agent behind the intervention endpoint, or
+    one behind the gateway. The fields are what a kind reads (the observation, what was read
+    and tried) and what it changes (the system text, the tools, the model); each caller
+    turns its own message format into one and the result back.
+
+    A dataclass, not a model: the actor builds one at every step."""
+
+    model: str  # the request's model; after the policy, the policy's served model
+    system: str = ""  # the caller's own system text ('' where the agent sent none)
+    additions: tuple[str, ...] = ()  # sections the policy adds to the system text, in order
+    tools: tuple[ToolSpec, ...] = ()  # the tools offered at this call
+    observation: str = ""  # what the model acts on at this call (rules read it)
+    reads: tuple[str, ...] = ()  # everything read so far, the task first (constraints copy from it)
+    tried: tuple[Tried, ...] = ()  # the episode's earlier (state, action) pairs
+    fired: tuple[str, ...] = ()  # the candidates that changed the tools, in order
+
+    @property
+    def system_text(self) -> str:
+        """The system message the model reads: the caller's text, then the policy's sections."""
+        return "\n\n".join(x for x in (self.system, *self.additions) if x)
 
 
 # ------------------------------------------------------------------ diagnosis

@@ -37,8 +37,8 @@ import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from ratchet.skills.rules import Tried, apply_rules, call_text, matches, normal, normal_entry
-from ratchet.types import Policy, RuleSpec, Step, Trajectory
+from ratchet.skills.rules import apply_rules, call_text, matches, normal, normal_entry
+from ratchet.types import Policy, RuleSpec, Step, Trajectory, Tried
 
 
 def rules_only(champion: Policy, policy: Policy) -> bool:

@@ -50,11 +50,10 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ratchet.types import RuleSpec, ToolCall, ToolSpec
+from ratchet.types import RuleSpec, ToolCall, ToolSpec, Tried
 
 
 def normal(text: str) -> str:
@@ -84,14 +83,6 @@ def call_text(call: ToolCall) -> str:
     """A tool call in the attribution's normal form (`diagnosis.attribution.normalize_action`)."""
     values = [normal(v) for _, v in sorted(call.args.items())]
     return f"{call.name}: {', '.join(values)}" if values else call.name
-
-
-@dataclass(frozen=True)
-class Tried:
-    """One earlier step of the episode, as `no_repeat` sees it."""
-
-    state: str  # the observation acted from (normal form, without the options)
-    action: str  # the action (normal form, 'tool: value')
 
 
 def apply_rules(

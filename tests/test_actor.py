@@ -7,9 +7,9 @@ import openai
 import pytest
 
 from ratchet.agents.actor import ActorSettings, build_actor
-from ratchet.agents.prompts import render_skills
 from ratchet.agents.rollout import RolloutSlot, run_rollout
 from ratchet.agents.testing import ScriptedChatModel, call
+from ratchet.skills.kinds import render_skills
 from ratchet.suites.base import ActionError, Episode, StepResult, Suite
 from ratchet.types import Policy, SkillText, Task, ToolCall, ToolSpec
 

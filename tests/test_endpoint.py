@@ -16,7 +16,7 @@ from openai import OpenAI
 from ratchet.agents.rollout import RolloutSlot
 from ratchet.config import AgentSettings, TaskFileSettings
 from ratchet.endpoint.agent import YourAgent, run_agent_rollout, steps_of
-from ratchet.endpoint.apply import apply_policy
+from ratchet.endpoint.apply import arm_request
 from ratchet.endpoint.recording import Arm, Call, Rollouts
 from ratchet.endpoint.serve import InterventionEndpoint
 from ratchet.suites.task_file import TaskFileSuite
@@ -71,7 +71,7 @@ def test_the_policy_enters_the_system_message_the_model_name_and_the_sampling() 
         "stream": True,
         "max_tokens": 50,
     }
-    sent, fired, menu = apply_policy(body, _arm(skills=(skill,), adapter="champion-1"), 2, [])
+    sent, fired, menu = arm_request(body, _arm(skills=(skill,), adapter="champion-1"), 2, [])
     assert sent["messages"][0]["content"].startswith("You convert.\n\n")
     assert "Copy the units as written." in sent["messages"][0]["content"]
     assert sent["messages"][1] == body["messages"][1]
@@ -88,9 +88,9 @@ def test_the_policy_enters_the_system_message_the_model_name_and_the_sampling() 
 
 def test_an_agent_without_a_system_message_gets_one_only_when_the_policy_has_text() -> None:
     body = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
-    assert apply_policy(body, _arm(), 0, [])[0]["messages"] == body["messages"]
+    assert arm_request(body, _arm(), 0, [])[0]["messages"] == body["messages"]
     demo = SkillText(name="demo", description="3 km in m", body="convert 3 km m")
-    sent = apply_policy(body, _arm(exemplars=(demo,)), 0, [])[0]
+    sent = arm_request(body, _arm(exemplars=(demo,)), 0, [])[0]
     assert sent["messages"][0]["role"] == "system" and "3 km in m" in sent["messages"][0]["content"]
 
 
@@ -100,7 +100,7 @@ def test_argument_constraints_bind_the_units_to_what_the_agent_has_read() -> Non
         "messages": [{"role": "user", "content": "How many meters are in 5 miles?"}],
         "tools": [CONVERT | {"strict": False}],
     }
-    sent, fired, menu = apply_policy(body, _arm(constraints=(UNITS_CONSTRAINT,)), 0, [])
+    sent, fired, menu = arm_request(body, _arm(constraints=(UNITS_CONSTRAINT,)), 0, [])
     props = sent["tools"][0]["function"]["parameters"]["properties"]
     assert "miles" in props["from_unit"]["enum"] and "meters" in props["to_unit"]["enum"]
     assert "value" not in props["value"].get("enum", [])  # an unconstrained argument stays free
@@ -123,11 +123,11 @@ def test_a_rule_narrows_an_enumerated_tool_the_agent_offers() -> None:
     }
     body = {"model": "x", "messages": [{"role": "user", "content": "a dark room"}], "tools": [move]}
     rule = RuleSpec(name="go-north", prefer=("move: north",))
-    sent, fired, menu = apply_policy(body, _arm(rules=(rule,)), 0, [])
+    sent, fired, menu = arm_request(body, _arm(rules=(rule,)), 0, [])
     assert sent["tools"][0]["function"]["parameters"]["properties"]["to"]["enum"] == ["north"]
     assert fired == ["go-north"] and menu == ["move: north", "move: south"]
     no_repeat = RuleSpec(name="no-repeat", no_repeat=True)
-    sent, fired, _ = apply_policy(
+    sent, fired, _ = arm_request(
         body, _arm(rules=(no_repeat,)), 1, [("a dark room", ToolCall(name="move", args={"to": "north"}))]
     )
     assert sent["tools"][0]["function"]["parameters"]["properties"]["to"]["enum"] == ["south"]
@@ -533,7 +533,7 @@ def test_hostile_tool_lists_never_break_the_endpoint(
     """Tools the policy cannot read are passed on as sent (the model server judges them): the
     endpoint neither crashes nor rewrites what it does not understand."""
     arm = _arm(constraints=(UNITS_CONSTRAINT,), rules=(RuleSpec(name="r", avoid=("convert: *",)),))
-    sent, fired, menu = apply_policy(
+    sent, fired, menu = arm_request(
         {"messages": [{"role": "user", "content": "hi"}], "tools": tools}, arm, 0, []
     )
     assert sent["tools"] == tools and fired == [] and menu is None

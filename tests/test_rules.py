@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.skills.rules import Tried, apply_rules, call_text, constrain_tools, matches, menu_entries, normal
-from ratchet.types import RuleSpec, ToolCall, ToolSpec
+from ratchet.skills.rules import apply_rules, call_text, constrain_tools, matches, menu_entries, normal
+from ratchet.types import RuleSpec, ToolCall, ToolSpec, Tried
 
 MENU = ["act: look around", "act: move south", "act: open door to west", "act: take coin"]
 
