@@ -501,3 +501,18 @@ def test_the_langgraph_example_in_its_own_venv_loads_ratchets_distilled_tools_wi
     first = float(re.findall(r"-?[0-9.]+", task.instruction)[0])  # what the tool reads of its task
     assert got["tools"] == ["units-scale"] and float(got["result"]) == pytest.approx(first * 60)
     assert [r.name for r in rec.tool_runs] == ["units-scale"]
+
+
+def test_the_examples_config_runs_the_example_in_its_venv_or_says_how_to_make_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(EXAMPLE)
+    config = EXAMPLE / "langgraph-process.toml"
+    if not (EXAMPLE / "agent-venv" / "bin" / "python").exists():  # ./make_agent_venv.sh not run here
+        with pytest.raises(ConfigError, match="'agent-venv/bin/python' is not an executable file"):
+            load_settings(config_file=config)
+        return
+    settings = load_settings(config_file=config)
+    assert settings.agent.kind == "command" and settings.agent.mcp
+    assert settings.agent.command == ["agent-venv/bin/python", "langgraph_process.py"]
+    YourAgent(settings.agent).check()
