@@ -110,11 +110,12 @@ def answer_of(command: Sequence[str], ended: Ended, timeout_s: float) -> str:
             f"answer: it was killed (write logs to stderr){_stderr_note(ended)}"
         )
     if ended.status != 0:
-        how = (
-            f"was killed by {_signal_name(-ended.status)}"
-            if ended.status is not None and ended.status < 0
-            else f"exited with status {ended.status}"
-        )
+        if ended.status is None:
+            how = "did not end when killed (stuck in the kernel)"
+        elif ended.status < 0:
+            how = f"was killed by {_signal_name(-ended.status)}"
+        else:
+            how = f"exited with status {ended.status}"
         raise AgentProcessError(f"the agent ({name}) {how}{_stderr_note(ended)}")
     try:
         return ended.stdout.decode("utf-8").strip()
@@ -283,6 +284,6 @@ def run_command(
     name = f"your agent ({os.path.basename(command[0])})"
     try:
         ended = run_process(command, stdin_of(task_input), env, timeout_s, name)
-    except OSError as exc:  # removed or made unexecutable since the settings were checked
-        raise AgentProcessError(f"cannot start the agent's command {command[0]!r}: {exc}") from None
+    except OSError as exc:  # removed or made unexecutable since the settings were read; out of fds
+        raise AgentProcessError(f"cannot run the agent's command {command[0]!r}: {exc}") from None
     return answer_of(command, ended, timeout_s)

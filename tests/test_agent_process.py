@@ -282,7 +282,7 @@ def test_the_settings_name_the_agent_by_its_command_and_the_preflight_checks_it_
     script.chmod(0o644)  # the venv went away after the settings were read
     with pytest.raises(AgentError, match="not an executable file"):
         agent.check()
-    with pytest.raises(AgentProcessError, match="cannot start the agent's command"):
+    with pytest.raises(AgentProcessError, match="cannot run the agent's command"):
         agent.run("q", BASE, 4)
 
 
