@@ -516,3 +516,52 @@ def test_the_examples_config_runs_the_example_in_its_venv_or_says_how_to_make_it
     assert settings.agent.kind == "command" and settings.agent.mcp
     assert settings.agent.command == ["agent-venv/bin/python", "langgraph_process.py"]
     YourAgent(settings.agent).check()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_generation_evolves_a_command_agent(
+    embedded_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole loop with your agent as a command (ratchet's flows know it by
+    `settings.agent.name`): every stage plays it, MLflow's agent version names its command."""
+    from mlflow.tracking import MlflowClient
+
+    from ratchet.flows.evolve import evolve_flow
+    from ratchet.memory.trajectory_store import open_store
+
+    monkeypatch.chdir(EXAMPLE)
+    settings = load_settings(
+        {
+            "data_dir": tmp_path,
+            "tasks.file": str(EXAMPLE / "tasks.jsonl"),
+            "tasks.score": "score:score",
+            "tasks.max_steps": 4,
+            "agent.kind": "command",
+            "agent.command": [PY, "langgraph_process.py"],
+            "splits.train": 4,
+            "splits.dev": 6,
+            "splits.test": 3,
+            "explore.temperature": 0.3,
+            "verify.max_candidates": 1,
+            "diagnose.judge": False,
+            "distill.teacher": False,
+            "finetune.mode": "off",
+            "trace_sample_rate": 0.0,
+        }
+    )
+    journal = evolve_flow(settings=settings, generations=1, base_url=embedded_server)
+    assert [r.generation for r in journal.rows()] == [0, 1]
+    store = open_store(settings.trajectories_db)
+    try:
+        trajs = store.query(evolution="default")
+    finally:
+        store.close()
+    assert {t.split for t in trajs} >= {"train", "test"}
+    assert all(t.status == "finished" and t.steps for t in trajs), [t.error for t in trajs]
+    client = MlflowClient(settings.mlflow_uri)
+    exp = client.get_experiment_by_name("ratchet-default")
+    assert exp is not None
+    models = client.search_logged_models([exp.experiment_id])
+    assert models and all(m.params.get("agent_entry") == f"{PY} langgraph_process.py" for m in models)
+    assert all(m.params.get("agent_kind") == "command" for m in models)
