@@ -37,8 +37,6 @@ longer promote or reject under any name it likes.
 
 from __future__ import annotations
 
-import os
-import secrets
 import time
 from pathlib import Path
 
@@ -49,10 +47,10 @@ from ratchet.errors import StateFileError
 from ratchet.http_guard import (  # noqa: F401 - presented, matches, TOKEN_RE: this module's API
     TOKEN_RE,
     NotPrivate,
+    ensure_private_token,
     matches,
     presented,
     read_private_token,
-    write_private_token,
 )
 
 TOKEN_FILE = "dashboard.token"  # in the data dir; hard-coded, not a setting
@@ -89,22 +87,10 @@ def ensure_token(data_dir: Path) -> str:
     """The data dir's token, written on the first start (mode 0600, atomically, never over
     an existing file: a second start at the same moment reads the first one's token)."""
     path = token_path(data_dir)
-    if not path.exists() and not path.is_symlink():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        write_private_token(tmp)
-        try:
-            os.link(tmp, path)  # fails if it exists: never replaces a token
-        except FileExistsError:
-            pass
-        except OSError:  # a filesystem without hard links: create in place, still never over one
-            try:
-                write_private_token(path)
-            except FileExistsError:
-                pass
-        finally:
-            tmp.unlink(missing_ok=True)
-    return read_token(data_dir, settle_s=SETTLE_S)
+    try:
+        return ensure_private_token(path, settle_s=SETTLE_S)
+    except NotPrivate as exc:
+        raise _refused(path, str(exc)) from None
 
 
 class TokenRequired:

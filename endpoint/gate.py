@@ -20,14 +20,12 @@ refusal is one line in OpenAI's error shape and closes the connection (its body 
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ratchet.endpoint.limits import Limits, RateLimitedLog
+from ratchet.endpoint.limits import Limits, RateLimitedLog, Refusal, declared_refusal, read_body, replayed
 from ratchet.endpoint.recording import Rollouts
 from ratchet.http_guard import headers_of, refusal
 
@@ -39,8 +37,6 @@ KINDS = {
     404: "not_found_error",
     421: "permission_error",
 }
-
-Refusal = tuple[int, str]
 
 
 async def refuse(scope: Scope, receive: Receive, send: Send, code: int, message: str) -> None:
@@ -62,11 +58,11 @@ class Gate:
         headers = headers_of(scope)
         refused = refusal(scope["method"], headers, every_method=True) or self._route(scope, headers)
         if refused is None and scope["path"] != "/health":
-            refused = self._declared(headers)
+            refused = declared_refusal(headers, self.limits)
             if refused is None:
-                read = await self._body(receive)
+                read = await read_body(receive, self.limits)
                 if isinstance(read, list):
-                    await self.app(scope, _replay(read, receive), send)
+                    await self.app(scope, replayed(read, receive), send)
                     return
                 refused = read
         if refused is not None:
@@ -96,43 +92,3 @@ class Gate:
             self.rollouts.refused += 1
             return 404, "unknown or closed rollout key: a call made after its task ended"
         return None
-
-    def _declared(self, headers: dict[str, str]) -> Refusal | None:
-        declared = headers.get("content-length")
-        if declared is None:
-            return None
-        if not declared.strip().isdigit():
-            return 400, "Content-Length is not a number"
-        if int(declared) > self.limits.max_body:
-            return 413, f"request body over {self.limits.max_body} bytes"
-        return None
-
-    async def _body(self, receive: Receive) -> list[Message] | Refusal:
-        """The body's messages as they came, read to its end: at most `max_body` bytes, within
-        `body_timeout_s`."""
-        messages: list[Message] = []
-        size = 0
-        deadline = time.monotonic() + self.limits.body_timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                return 408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s"
-            messages.append(message)
-            if message["type"] != "http.request":  # the client left: the app sees it leave
-                return messages
-            size += len(message.get("body", b""))
-            if size > self.limits.max_body:
-                return 413, f"request body over {self.limits.max_body} bytes"
-            if not message.get("more_body", False):
-                return messages
-
-
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """The messages already read, in order, then the client's own (its disconnect)."""
-    queue = list(messages)
-
-    async def replayed() -> Message:
-        return queue.pop(0) if queue else await receive()
-
-    return replayed

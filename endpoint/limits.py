@@ -12,7 +12,14 @@ that reads no answer parks its write forever, and each request it cannot parse i
   write, at most `max_waiting` connections with no request in progress (the longest-waiting
   dropped first, once it has sent half a request or nothing for `grace_s`) and
   `max_connections` in all;
-* `RateLimitedLog`: what all of it (and the endpoint's own refusals) may write to the log.
+* `RateLimitedLog`: what all of it (and the endpoint's own refusals) may write to the log;
+* `declared_refusal`, `read_body`, `replayed`: a request's body, refused from its declared
+  length or read whole within `max_body` and `body_timeout_s`, then replayed to the app;
+* `listening_socket`, `server_config`: the socket and the uvicorn config a server held to all
+  of it runs on.
+
+Shared by every standing server ratchet runs in front of a model (the intervention endpoint,
+the gateway).
 
 uvicorn's `limit_concurrency` is not used: it counts idle connections too, so a slowloris
 attack would turn every real request into a 503.
@@ -23,12 +30,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import uvicorn
+from starlette.types import ASGIApp, Message, Receive
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, said here)
+Refusal = tuple[int, str]
 
 
 @dataclass(frozen=True)
@@ -107,9 +120,7 @@ class Guard:
             now = conn.loop.time()
             victim = next((c for c, since in self.waiting.items() if c.droppable(since, now)), conn)
             if victim is conn:
-                self.log.warning(
-                    "intervention endpoint: %d connections open, a new one closed", len(self.open)
-                )
+                self.log.warning("%d connections open, a new one closed", len(self.open))
             victim.drop()
         if len(self.waiting) > self.limits.max_waiting:
             self.make_room(conn.loop)
@@ -224,3 +235,81 @@ class GuardedH11(H11Protocol):
 def guarded_h11(limits: Limits, log: RateLimitedLog) -> type[GuardedH11]:
     """The protocol class one server runs (uvicorn's `http=`): its own table of connections."""
     return type("GuardedH11", (GuardedH11,), {"guard": Guard(limits, log)})
+
+
+# ------------------------------------------------------------------ the body of one request
+
+
+def declared_refusal(headers: dict[str, str], limits: Limits) -> Refusal | None:
+    """A body refused from its declared length alone (413 over `max_body`, 400 not a number)."""
+    declared = headers.get("content-length")
+    if declared is None:
+        return None
+    if not declared.strip().isdigit():
+        return 400, "Content-Length is not a number"
+    if int(declared) > limits.max_body:
+        return 413, f"request body over {limits.max_body} bytes"
+    return None
+
+
+async def read_body(receive: Receive, limits: Limits) -> list[Message] | Refusal:
+    """The body's messages as they came, read to its end: at most `max_body` bytes, within
+    `body_timeout_s` of the first read (408), or why not."""
+    messages: list[Message] = []
+    size = 0
+    deadline = time.monotonic() + limits.body_timeout_s
+    while True:
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return 408, f"the request body did not arrive within {limits.body_timeout_s:g} s"
+        messages.append(message)
+        if message["type"] != "http.request":  # the client left: the app sees it leave
+            return messages
+        size += len(message.get("body", b""))
+        if size > limits.max_body:
+            return 413, f"request body over {limits.max_body} bytes"
+        if not message.get("more_body", False):
+            return messages
+
+
+def replayed(messages: list[Message], receive: Receive) -> Receive:
+    """The messages already read, in order, then the client's own (its disconnect)."""
+    queue = list(messages)
+
+    async def replay() -> Message:
+        return queue.pop(0) if queue else await receive()
+
+    return replay
+
+
+# ------------------------------------------------------------------ the server
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A bound socket for a server (port 0: any free one). Accepted connections inherit
+    TCP_NODELAY: without it a reply written as headers, then body, waits for the client's
+    delayed ACK, 40 ms a call (bench/results/endpoint_overhead.json)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def server_config(app: ASGIApp, limits: Limits, log: RateLimitedLog) -> uvicorn.Config:
+    """uvicorn serving `app` on the guarded h11 protocol (`GuardedH11`), its own access log off."""
+    return uvicorn.Config(
+        app,
+        http=guarded_h11(limits, log),
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        backlog=limits.backlog,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )

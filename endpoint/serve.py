@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
 from types import TracebackType
@@ -20,12 +19,11 @@ import uvicorn
 
 from ratchet.config import REQUEST_TIMEOUT_S
 from ratchet.endpoint.app import create_app
-from ratchet.endpoint.limits import Limits, RateLimitedLog, guarded_h11
+from ratchet.endpoint.limits import Limits, RateLimitedLog, listening_socket, server_config
 from ratchet.endpoint.recording import Rollouts
 from ratchet.errors import EndpointError
 
 START_TIMEOUT_S = 120.0  # generous: a loaded 2-core machine can take seconds to start a thread's loop
-KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this (uvicorn's default, said here)
 
 
 class InterventionEndpoint:
@@ -43,24 +41,9 @@ class InterventionEndpoint:
         self.limits = limits or Limits()
         log = RateLimitedLog(logging.getLogger("ratchet.endpoint.http"), self.limits.log_lines_per_minute)
         self.app = create_app(self.rollouts, upstream, api_key, timeout_s, self.limits, log)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # accepted connections inherit it: without it a reply written as headers, then body, waits
-        # for the client's delayed ACK, 40 ms a call (bench/results/endpoint_overhead.json)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock = listening_socket("127.0.0.1", 0)
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app,
-            http=guarded_h11(self.limits, log),
-            h11_max_incomplete_event_size=self.limits.max_header_bytes,
-            timeout_keep_alive=KEEP_ALIVE_S,
-            backlog=self.limits.backlog,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-        )
-        self._server = uvicorn.Server(config)
+        self._server = uvicorn.Server(server_config(self.app, self.limits, log))
         self._thread = threading.Thread(target=self._run, name="intervention-endpoint", daemon=True)
 
     @property

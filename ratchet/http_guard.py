@@ -35,6 +35,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -50,11 +51,15 @@ def _host_name(netloc: str) -> str:
     return (urlsplit(f"//{netloc}").hostname or "").lower()
 
 
-def refusal(method: str, headers: dict[str, str], every_method: bool = False) -> tuple[int, str] | None:
+def refusal(
+    method: str, headers: dict[str, str], every_method: bool = False, any_host: bool = False
+) -> tuple[int, str] | None:
     """Why a request must be refused (status and one line), or None when it may pass.
-    `every_method`: check Origin and Sec-Fetch-Site on reads too (the MCP transport)."""
+    `every_method`: check Origin and Sec-Fetch-Site on reads too (the MCP transport).
+    `any_host`: take any Host (a server bound beyond loopback that needs a token on every
+    request, which a rebound page does not have); the other rules still hold."""
     host = headers.get("host", "")
-    if _host_name(host) not in LOOPBACK:
+    if not any_host and _host_name(host) not in LOOPBACK:
         return 421, f"refused: Host {host!r} is not this machine's loopback address"
     if method in SAFE_METHODS and not every_method:
         return None
@@ -156,6 +161,38 @@ def write_private_token(path: Path, token: str | None = None) -> str:
         f.flush()
         os.fsync(f.fileno())
     return token
+
+
+def ensure_private_token(path: Path, settle_s: float = 1.0) -> str:
+    """The token in `path`, written on the first call: whole under a temporary name, then
+    hard-linked into place, which fails rather than replaces (created in place with `O_EXCL`
+    where the filesystem has no hard links), so two first starts at once agree on one token
+    and a file that exists is never overwritten. Refused (`NotPrivate`) as
+    `read_private_token` refuses; `settle_s`: how long a second name may be a concurrent first
+    start's temporary one."""
+    if not path.exists() and not path.is_symlink():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        write_private_token(tmp)
+        try:
+            os.link(tmp, path)  # fails if it exists: never replaces a token
+        except FileExistsError:
+            pass
+        except OSError:  # no hard links here: create in place, still never over one
+            try:
+                write_private_token(path)
+            except FileExistsError:
+                pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            return read_private_token(path)
+        except NotPrivate as exc:
+            if not exc.linked or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.02)
 
 
 def presented(headers: dict[str, str]) -> str | None:

@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     # endpoint in front of the model, and a user's own agent as the rollout
     ("training", "conformance", "endpoint"),
     ("flows",),
-    ("dashboard",),
+    # the gateway serves the live champion to a user's agent: a standing server, like the dashboard
+    ("dashboard", "gateway"),
     ("cli",),
 ]
 RANK = {package: i for i, names in enumerate(LAYERS) for package in names}
