@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -166,16 +167,24 @@ def tools_serve(
     status: Annotated[str, typer.Option(help="serve tools with this status")] = "promoted",
     transport: Annotated[str, typer.Option(help="stdio or http")] = "stdio",
     port: Annotated[int, typer.Option(help="HTTP port on 127.0.0.1")] = 8765,
+    source: Annotated[
+        Path | None, typer.Option("--from", help="an export's tools/ folder (`ratchet export`) instead")
+    ] = None,
 ) -> None:
     """Serve distilled tools to any MCP client (every call runs in the sandbox). Over HTTP it
     answers only loopback Host names and no foreign Origin (`dashboard/hosts.py`)."""
     with guard():
         from ratchet.skills.toolbox import Toolbox
 
-        settings, library = _library()
         if transport not in ("stdio", "http"):
             raise ConfigError(f"unknown transport {transport!r}", "use --transport stdio or http")
-        tools = [s for s in library.list(kind="tool") if s.status == status]
+        if source is not None:  # an export's tools, each checked against its hashes
+            from ratchet.flows.export import exported_tools
+
+            settings, tools = load(), exported_tools(source)
+        else:
+            settings, library = _library()
+            tools = [s for s in library.list(kind="tool") if s.status == status]
         if not tools:
             raise ConfigError(f"no {status} tools in {settings.skills_dir}", "see `ratchet tools list`")
         box = Toolbox(tools, settings.distill.tool_timeout_s, settings.distill.tool_memory_mb)

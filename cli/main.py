@@ -32,6 +32,7 @@ from ratchet.cli.common import (
     load,
 )
 from ratchet.cli.doctor import doctor
+from ratchet.cli.export import export
 from ratchet.cli.gateway import gateway
 from ratchet.cli.library import failures, skills_app, tools_app
 from ratchet.cli.suites import suites_app
@@ -386,6 +387,7 @@ def dashboard(
 
 
 app.command()(doctor)
+app.command()(export)
 app.command()(gateway)
 
 
