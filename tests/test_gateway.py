@@ -14,6 +14,8 @@ import asyncio
 import json
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -127,7 +129,8 @@ class Upstream:
             self.seen.append({"body": body, "auth": request.headers.get("authorization")})
             if self.status != 200:
                 err = {"error": {"message": "slow down", "type": "rate_limit_error"}}
-                return Response(json.dumps(err), self.status, media_type="application/json")
+                head = {"Set-Cookie": "upstream=1", "X-Upstream-Secret": "s"}  # never passed on
+                return Response(json.dumps(err), self.status, media_type="application/json", headers=head)
             if not body.get("stream"):
                 await asyncio.sleep(self.delay)
                 return Response(json.dumps(completion(body["model"])), media_type="application/json")
@@ -165,9 +168,10 @@ class Upstream:
         self._thread.join(timeout=30)
 
 
-def data_dir(root: Path) -> Settings:
-    """A data dir whose live policy is a promoted procedure and a promoted argument constraint."""
-    settings = load_settings({"data_dir": root / "data", "model.timeout_s": 5})
+def data_dir(root: Path, timeout_s: float = 5) -> Settings:
+    """A data dir whose live policy is a promoted procedure and a promoted argument constraint;
+    `timeout_s`: how long the gateway waits for the upstream (a scripted one answers at once)."""
+    settings = load_settings({"data_dir": root / "data", "model.timeout_s": timeout_s})
     library = SkillLibrary(settings.skills_dir, settings.index_dir)
     add_verified(library, "units-read-both", "Read both units in the question before you convert.")
     library.transition("units-read-both", "promoted", who="test", why="live")
@@ -188,10 +192,19 @@ def data_dir(root: Path) -> Settings:
     return settings
 
 
-def promote(settings: Settings, name: str, body: str) -> None:
-    library = SkillLibrary(settings.skills_dir, settings.index_dir)
-    add_verified(library, name, body)
-    library.transition(name, "promoted", who="test", why="live")
+DECIDE = """
+import sys
+from ratchet.decisions import apply
+from ratchet.skills.library import SkillLibrary
+skills, index, name, action = sys.argv[1:]
+apply(SkillLibrary(skills, index), name, action, who="another process", why="a decision")
+"""
+
+
+def decide_elsewhere(settings: Settings, name: str, action: str) -> None:
+    """`action` on skill `name`, decided by another process (`ratchet.decisions`)."""
+    argv = [sys.executable, "-c", DECIDE, str(settings.skills_dir), str(settings.index_dir), name, action]
+    subprocess.run(argv, check=True, capture_output=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -472,23 +485,29 @@ NEW_SKILL = "Check the unit of the answer."
 def test_requests_in_flight_keep_their_version_while_decisions_land(
     tmp_path: Path, up: Upstream, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """8 streams at a time, each 1 s long, while a skill is promoted and then rolled back: every
+    """8 streams at a time, each 1 s long, while another process promotes a skill and then rolls it
+    back (`ratchet.decisions`, as the CLI, the dashboard and the `promote` flow decide): every
     answer is whole, names one version in its header and in every chunk, and the upstream was
     asked under that same version (its system text); new requests carry each new version soon."""
     settings = data_dir(tmp_path)
+    add_verified(SkillLibrary(settings.skills_dir, settings.index_dir), "units-check", NEW_SKILL)
     up.chunks, up.delay = 5, 0.2
     stop = threading.Event()
     results: list[tuple[str, set[str], bool, bool]] = []  # header, fingerprints, whole, new skill shown
+    errors: list[str] = []
 
     def client(gw: Gateway) -> None:
         with httpx.Client(timeout=60) as c:
             while not stop.is_set():
-                got = c.post(f"{gw.url}/chat/completions", json=ASK | {"stream": True})
-                events = _sse(got.text)
-                chunks = [e for e in events if isinstance(e, dict)]
-                prints = {e["system_fingerprint"] for e in chunks}
-                shown = NEW_SKILL in chunks[0]["choices"][0]["delta"]["content"]  # what the upstream was sent
-                results.append((got.headers[POLICY_HEADER], prints, events[-1] == "[DONE]", shown))
+                try:
+                    got = c.post(f"{gw.url}/chat/completions", json=ASK | {"stream": True})
+                    events = _sse(got.text)
+                    chunks = [e for e in events if isinstance(e, dict)]
+                    prints = {e["system_fingerprint"] for e in chunks}
+                    shown = NEW_SKILL in chunks[0]["choices"][0]["delta"]["content"]  # what the model got
+                    results.append((got.headers[POLICY_HEADER], prints, events[-1] == "[DONE]", shown))
+                except Exception as exc:  # noqa: BLE001 - every failure is counted, none ends the load
+                    errors.append(repr(exc))
 
     with caplog.at_level(logging.INFO, logger="ratchet.gateway"), Gateway(settings, up.url, poll_s=0.1) as gw:
         first = gw.snapshot.version
@@ -496,16 +515,15 @@ def test_requests_in_flight_keep_their_version_while_decisions_land(
             for _ in range(8):
                 pool.submit(client, gw)
             time.sleep(1.5)
-            promote(settings, "units-check", NEW_SKILL)
+            decide_elsewhere(settings, "units-check", "promote")
             _until(lambda: gw.snapshot.version != first)
             second = gw.snapshot.version
             time.sleep(1.5)
-            library = SkillLibrary(settings.skills_dir, settings.index_dir)
-            library.rollback("units-check", who="test", why="worse in use")
+            decide_elsewhere(settings, "units-check", "rollback")
             _until(lambda: gw.snapshot.version == first)
             time.sleep(1.5)
             stop.set()
-    assert len(results) >= 16
+    assert errors == [] and len(results) >= 16
     for header, prints, whole, shown in results:
         assert whole and prints == {header} and shown == (header == second), (header, prints, shown)
     assert {h for h, *_ in results} == {first, second}
