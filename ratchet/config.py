@@ -52,6 +52,10 @@ OTHER_VARIABLES = {
     "RATCHET_HOME": "the project directory scheduled deployments run in (deployments/prefect.yaml)",
     "RATCHET_SERVER_THREADS": "the embedded model server's threads",
     "RATCHET_CHROMIUM": "the browser the dashboard's browser test drives",
+    # what ratchet gives an agent run as a command (endpoint/process.py); an agent that is
+    # itself a ratchet command, or a shell that exported them to try one, sets them here too
+    "RATCHET_MCP_URL": "the MCP URL of the rollout's distilled tools, for an agent run as a command",
+    "RATCHET_MAX_STEPS": "the rollout's step budget, for an agent run as a command",
 }
 TEST_VARIABLES = "RATCHET_TEST_"  # the test suite's own (models dir, planted secrets)
 

@@ -166,7 +166,10 @@ def stop(reason: str, code: int, grace_s: float = GRACE_S) -> None:
         _why = (reason, code)
         _self_sent += 1
     STOPPING.set()
-    _thread.interrupt_main()  # KeyboardInterrupt, as soon as the main thread runs Python
+    # KeyboardInterrupt, as soon as the main thread runs Python. As SIGTERM: its handler is
+    # always ours, while SIGINT stays ignored in a process started to ignore it (a shell's
+    # background job), and `interrupt_main` does nothing for an ignored signal.
+    _thread.interrupt_main(signal.SIGTERM)
     _later(grace_s, reason, code)
 
 

@@ -186,10 +186,20 @@ shutdown.run_main(run, grace_s=600)
 """
 
 
-def test_the_watchdog_unwinds_a_stalled_run_that_can_unwind(tmp_path: Path) -> None:
-    """No hard exit needed: the main thread gets its KeyboardInterrupt and leaves in one line."""
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_the_watchdog_unwinds_a_stalled_run_that_can_unwind(tmp_path: Path, sigint: str) -> None:
+    """No hard exit needed: the main thread gets its KeyboardInterrupt and leaves in one line,
+    also in a process started with SIGINT ignored (`nohup ... &`, a CI runner's background job)."""
     args = [sys.executable, "-c", _BUSY, str(tmp_path / "logs")]
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    handler = signal.SIG_IGN if sigint == "ignored" else signal.SIG_DFL
+    done = subprocess.run(
+        args,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, handler),
+    )
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 75, done.stderr
     assert len(lines) == 1 and "no progress for 1 s (evolve.watchdog_s) since distill 2/5" in lines[0], lines
@@ -361,7 +371,10 @@ def test_sigterm_ends_a_stuck_evolve_and_its_prefect_server(tmp_path: Path, embe
     proc.send_signal(signal.SIGTERM)
     code, err = _end(proc, timeout=120)
     assert code == 130, err[-3000:]
-    assert "the run did not stop within 20 s" in err and "run the same command again to resume" in err
+    assert "run the same command again to resume" in err, err[-3000:]
+    # the hung thread holds the import lock in C: the run unwinds where the thread that hung
+    # is not the main one (as Prefect ran the stage), else it exits hard at the grace's end
+    assert "the run did not stop within 20 s" in err or "interrupted" in err, err[-3000:]
     assert _gone(prefect), "Prefect's API server outlived the run"
 
 
