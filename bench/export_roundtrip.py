@@ -273,9 +273,9 @@ def task_embedding(text: str) -> list[float]:
     return [float(x) for x in embed([text])[0]]
 
 
-def roundtrip(settings: Any, url: str, generation: int, out: Path) -> dict[str, Any]:
+def roundtrip(settings: Any, url: str, generation: int, out: Path, every_text: bool = True) -> dict[str, Any]:
     """Export the champion of `settings`' data dir to `out`, then play its test split the
-    three ways (module docstring); per task and in total."""
+    three ways (module docstring; the third only with `every_text`); per task and in total."""
     from ratchet.flows.export import export_champion
 
     exported = export_champion(settings, out, by="bench")
@@ -283,7 +283,7 @@ def roundtrip(settings: Any, url: str, generation: int, out: Path) -> dict[str, 
     ours = ratchet_side(settings, url, generation)
     ratchet_s = time.perf_counter() - started
     per_task = export_side(settings, out, url, task_embedding)
-    every = export_side(settings, out, url, None)
+    every = export_side(settings, out, url, None) if every_text else per_task
     tasks = list(ours)
     rows = [
         {
