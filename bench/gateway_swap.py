@@ -13,9 +13,10 @@ promote|rollback` with `--kind skill`), `--phase-s` seconds apart. Counted over 
   event, a connection that failed);
 * mixed: a request whose chunks do not all name the version its header names, or whose
   chunks came from another model than that version serves (the adapter by name);
-* for each decision, seconds from its audit line (the record's own time) to the first answer
-  under the new version: the answer's headers arriving, and the first request started after
-  the line that names the new version (its headers too);
+* for each decision, seconds from its audit line (the record's own time) to the new version
+  going live in the gateway (`/health`'s `live_since`), and to the first answer under it (its
+  headers arriving; the embedded server sends a streamed reply once it is whole, so this adds
+  a request's own time);
 * latency p50 and p99 of the requests that overlapped a swap, against the rest.
 
 `--kind adapter` (the default) trains nothing: it registers a random LoRA of the shipped model
@@ -130,6 +131,17 @@ def decide(data: Path, kind: str, action: str, name: str) -> tuple[float, float]
     return took, datetime.fromisoformat(last["at"]).timestamp()
 
 
+def went_live(url: str, was: str, within: float = 120.0) -> float | None:
+    """When the version after `was` went live (`/health`'s `live_since`; None: not within)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{url.removesuffix('/v1')}/health", timeout=60).json()
+        if health["policy"] != was:
+            return float(health["live_since"])
+        time.sleep(0.05)
+    return None
+
+
 def candidate(settings: Any, kind: str) -> tuple[str, str | None]:
     """A verified candidate of `kind` to promote: its name, and the model it serves (adapter)."""
     if kind == "skill":
@@ -180,8 +192,12 @@ def run(opts: Options) -> None:
             with Load(gw.url, opts.clients, opts.max_tokens) as load:
                 for action in ("promote", "rollback"):
                     time.sleep(opts.phase_s)
+                    was = httpx.get(f"{gw.url.removesuffix('/v1')}/health", timeout=60).json()["policy"]
                     took, line_at = decide(data, opts.kind, action, name)
-                    decisions.append({"action": action, "command_s": took, "audit_at": line_at})
+                    live = went_live(gw.url, was)
+                    decisions.append(
+                        {"action": action, "command_s": took, "audit_at": line_at, "live_at": live}
+                    )
                     print(f"{action} {name}: the command took {took:.1f} s", flush=True)
                 time.sleep(opts.phase_s)
             memory = gw.memory_mb()
@@ -211,22 +227,21 @@ def summarize(
     promoted = versions[1] if len(versions) > 1 else None
     mixed = 0
     for r in ok:
-        model = adapter if (adapter and r["header"] == promoted) else None
-        if r["prints"] != [r["header"]] or (model is not None and r["models"] != [model]):
+        model = adapter if (adapter and r["header"] == promoted) else base
+        if r["prints"] != [r["header"]] or r["models"] != [model]:
             mixed += 1
     swaps = []
     for d, new in zip(decisions, versions[1:], strict=False):
-        first = min((r["headers_at"] for r in ok if r["header"] == new), default=None)
-        started_after = [r for r in ok if r["started"] >= d["audit_at"]]
-        first_new = min((r["headers_at"] for r in started_after if r["header"] == new), default=None)
+        line = d["audit_at"]
+        first = min(
+            (r["headers_at"] for r in ok if r["header"] == new and r["headers_at"] >= line), default=None
+        )
         swaps.append(
             {
                 "action": d["action"],
                 "version": new,
-                "audit_line_to_first_answer_s": None if first is None else first - d["audit_at"],
-                "audit_line_to_first_new_request_answer_s": None
-                if first_new is None
-                else first_new - d["audit_at"],
+                "audit_line_to_live_s": None if d["live_at"] is None else d["live_at"] - line,
+                "audit_line_to_first_answer_s": None if first is None else first - line,
             }
         )
     windows = [(d["audit_at"], d["audit_at"] + 10) for d in decisions]

@@ -529,3 +529,67 @@ def test_requests_in_flight_keep_their_version_while_decisions_land(
     assert {h for h, *_ in results} == {first, second}
     swaps = [r.getMessage() for r in caplog.records if "→" in r.getMessage()]
     assert [s.split(" (")[0] for s in swaps] == [f"policy {first} → {second}", f"policy {second} → {first}"]
+
+
+# ---------------------------------------------------------------- the tools over MCP
+
+SCALE = """
+import re
+
+def run(factor: float, task: str) -> str:
+    return str(float(re.findall(r"-?[0-9.]+", task)[0]) * factor)
+"""
+MACRO = "def run() -> list:\n    return [{'tool': 'act', 'args': {'action': 'look'}}]\n"
+
+
+def _tool_skill(name: str, kind: str, code: str, params: dict[str, Any]) -> Skill:
+    from ratchet.skills.format import ToolSource
+
+    return Skill(
+        name=name,
+        description=f"The {name} tool.",
+        body="",
+        kind="tool",
+        family="tasks:units",
+        evolution="default",
+        generation=1,
+        provenance=["t1"],
+        tool=ToolSource(kind=kind, parameters=params, code=code),  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.integration  # the sandbox (bubblewrap) runs every tool call
+def test_the_promoted_function_tools_are_served_over_mcp_under_the_live_version(
+    tmp_path: Path, up: Upstream
+) -> None:
+    from fastmcp import Client
+
+    settings = data_dir(tmp_path)
+    library = SkillLibrary(settings.skills_dir, settings.index_dir)
+    factor = {"type": "object", "properties": {"factor": {"type": "number"}}, "required": ["factor"]}
+    for skill in (
+        _tool_skill("units-scale", "function", SCALE, factor),
+        _tool_skill("coin-go", "macro", MACRO, {"type": "object", "properties": {}}),
+    ):
+        library.add(skill)
+        library.transition(skill.name, "verified", who="verify", why="gate passed")
+        library.transition(skill.name, "promoted", who="test", why="live")
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    accept = {"Accept": "application/json, text/event-stream"}
+    with Gateway(settings, up.url, poll_s=0.1) as gw:
+        mcp = gw.url.removesuffix("/v1") + "/mcp"
+        got = httpx.post(mcp, json=listing, headers=accept)
+        assert got.headers[POLICY_HEADER] == gw.snapshot.version
+        (tool,) = got.json()["result"]["tools"]  # the macro is a move in ratchet's suites: not offered
+        assert tool["name"] == "units-scale" and tool["inputSchema"]["required"] == ["factor", "task"]
+
+        async def call() -> Any:
+            async with Client(mcp) as client:
+                return await client.call_tool("units-scale", {"factor": 2, "task": "3 km"})
+
+        assert asyncio.run(call()).data == {"result": "6.0"}
+        before = gw.snapshot.version
+        decide_elsewhere(settings, "units-scale", "retire")
+        _until(lambda: gw.snapshot.version != before)
+        got = httpx.post(mcp, json=listing, headers=accept)
+        assert got.json()["result"]["tools"] == [] and got.headers[POLICY_HEADER] == gw.snapshot.version
