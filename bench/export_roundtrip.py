@@ -52,6 +52,7 @@ class Options:
     agent: str = option("openai", "the example's agent", choices=sorted(AGENTS))
     test: int = option(50, "test tasks (the file has 50)")
     demos: int = option(8, "planted champion: solved train tasks in its exemplar set")
+    constraint: bool = option(True, "planted champion: with the units constraint (--no-constraint: without)")
     generation: int = option(900, "the generation ratchet's evaluate is stored as (in the copy)")
     name: str = option("export_roundtrip", "results file name under bench/results")
 
@@ -101,10 +102,10 @@ def solved_call(question: str) -> dict[str, Any]:
     raise ValueError(f"not a units question: {question!r}")
 
 
-def plant_units_champion(settings: Any, demos: int = 8) -> list[str]:
-    """File the units constraint and an exemplar set of `demos` solved train tasks in the data
-    dir's skill library, pass each through the gate's record and promote it, as the loop does
-    (`verify` then `verify:auto`); returns their names."""
+def plant_units_champion(settings: Any, demos: int = 8, constraint: bool = True) -> list[str]:
+    """File the units constraint (unless not `constraint`) and an exemplar set of `demos` solved
+    train tasks in the data dir's skill library, pass each through the gate's record and promote
+    it, as the loop does (`verify` then `verify:auto`); returns their names."""
     from ratchet.skills.exemplars import exemplar_skill
     from ratchet.skills.format import Demo, Skill
     from ratchet.skills.library import SkillLibrary
@@ -124,7 +125,7 @@ def plant_units_champion(settings: Any, demos: int = 8) -> list[str]:
         for t in train
     ]
     units = ArgConstraint(from_context=True, max_length=40)
-    constraint = Skill(
+    args = Skill(
         name="tasks-args",
         description=f"argument constraints for {family}: convert(from_unit, to_unit, value)",
         body="The units and the number are words of the question.",
@@ -143,7 +144,8 @@ def plant_units_champion(settings: Any, demos: int = 8) -> list[str]:
     exemplars = exemplar_skill(family, solved, settings.evolution, 1)
     library = SkillLibrary(settings.skills_dir, settings.index_dir)
     names = []
-    for skill, (repairs, regressions, p) in ((constraint, (5, 0, 0.031)), (exemplars, (10, 1, 0.011))):
+    planted = [(args, (5, 0, 0.031))] if constraint else []
+    for skill, (repairs, regressions, p) in [*planted, (exemplars, (10, 1, 0.011))]:
         name = library.add(skill).name
         evidence = {
             "decision": "accept",
@@ -328,8 +330,8 @@ def run(opts: Options) -> int:
         data = fresh_data_dir("ratchet-export-roundtrip-data-")
         settings = units_settings(data, opts.evolution, opts.agent, opts.test)
         prepare_environment(settings)
-        planted = plant_units_champion(settings, opts.demos)
-        print(f"planted {', '.join(planted)} in {data}")
+        names = plant_units_champion(settings, opts.demos, opts.constraint)
+        print(f"planted {', '.join(names)} in {data}")
     else:  # ratchet's evaluate writes rollouts: into a copy, never the run's own data dir
         data = work / "data"
         shutil.copytree(

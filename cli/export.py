@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,8 @@ def export(
         flat = {k: v for k, v in GLOBAL.items() if k != "config"}
         settings = load_settings(flat, config_file=GLOBAL.get("config"))
         offline_environment()
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # the embedding model's loading bar
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         for noisy in ("mlflow", "alembic", "httpx"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
         from ratchet.flows.export import export_champion

@@ -27,8 +27,10 @@ apply BODY.json` (the body on stdout); or `python apply.py serve --upstream URL`
 in front of any OpenAI-compatible server (point your agent's base URL at it).
 
 What the proxy does not do: authenticate callers (it binds 127.0.0.1, adds no key of its own,
-and passes your agent's Authorization header on), or apply anything to routes other than
-`/v1/chat/completions` (they are passed through).
+and passes on only your agent's Authorization and Content-Type headers), TLS, bodies without a
+Content-Length (a chunked upload is refused) or over 16 MiB, or apply anything to routes other
+than `/v1/chat/completions` (they are passed through). A client that stalls for 60 s mid-request
+is dropped.
 """
 
 from __future__ import annotations
@@ -536,7 +538,8 @@ def task_query(body: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------- the proxy
 
-MAX_BODY = 16 << 20
+MAX_BODY = 16 << 20  # bytes of a request body
+READ_TIMEOUT_S = 60
 
 
 def serve(
@@ -554,13 +557,18 @@ def serve(
     base = upstream.rstrip("/")
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # a client that stops sending mid-request is dropped
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             self._forward(None)
 
         def do_POST(self) -> None:  # noqa: N802
-            size = int(self.headers.get("Content-Length") or 0)
-            if size > MAX_BODY:
-                return self._error(413, f"body over {MAX_BODY} bytes")
+            try:
+                size = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                size = -1
+            if size < 0 or size > MAX_BODY:
+                return self._error(413 if size > 0 else 400, f"Content-Length must be 0 to {MAX_BODY} bytes")
             raw = self.rfile.read(size)
             if not self.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
                 return self._forward(raw)
@@ -575,7 +583,7 @@ def serve(
             self._forward(json.dumps(body).encode())
 
         def _forward(self, data: bytes | None) -> None:
-            path = self.path[3:] if self.path.startswith("/v1") else self.path
+            path = self.path[3:] if self.path.startswith("/v1/") else self.path
             headers = {
                 k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")
             }
@@ -604,7 +612,8 @@ def serve(
                 self.wfile.flush()
 
         def _error(self, status: int, message: str) -> None:
-            data = json.dumps({"error": {"message": message, "type": "invalid_request_error"}}).encode()
+            kind = "server_error" if status >= 500 else "invalid_request_error"
+            data = json.dumps({"error": {"message": message, "type": kind}}).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

@@ -451,3 +451,123 @@ def test_apply_py_imports_only_the_standard_library_and_runs_without_ratchet(tmp
         and bad.stderr.startswith("error: cannot read")
         and len(bad.stderr.splitlines()) == 1
     )
+
+
+# ------------------------------------------------------------------------------ the proxy
+
+
+class Upstream:
+    """A stand-in model server: records what reaches it, answers a completion (a stream when
+    asked), lists models, and fails where a request asks it to."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                seen.append((self.command, self.path, dict(self.headers), None))
+                self._send(200, "application/json", b'{"data": [{"id": "m"}]}')
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen.append((self.command, self.path, dict(self.headers), body))
+                if body.get("user") == "fail":
+                    return self._send(500, "application/json", b'{"error": {"message": "boom"}}')
+                if body.get("stream"):
+                    chunks = b"".join(f"data: {json.dumps({'n': i})}\n\n".encode() for i in range(3))
+                    return self._send(200, "text/event-stream", chunks + b"data: [DONE]\n\n")
+                self._send(
+                    200,
+                    "application/json",
+                    json.dumps({"choices": [{"message": {"content": "ok"}}]}).encode(),
+                )
+
+            def _send(self, status: int, kind: str, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        import threading
+
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+
+@pytest.fixture
+def proxied(tmp_path: Path) -> Any:
+    import httpx
+
+    policy = Policy(
+        model="base",
+        adapter="adapter-0123456789ab",
+        exemplars=(_text(random.Random(1), "demo", 0), _text(random.Random(2), "demo", 1)),
+        constraints=(
+            ConstraintSpec(name="u", tools={"convert": {"from_unit": ArgConstraint(from_context=True)}}),
+        ),
+    )
+    module = export_of(policy, tmp_path, vectors=None)
+    upstream = Upstream()
+    proxy = module.serve(
+        module.Export(tmp_path),
+        upstream.url,
+        port=0,
+        embed=lambda text: [1.0, 0, 0, 0],
+        overrides={"temperature": 0},
+    )
+    client = httpx.Client(base_url=f"http://127.0.0.1:{proxy.server_address[1]}/v1", timeout=30)
+    yield policy, upstream, client
+    client.close()
+    proxy.shutdown()
+    upstream.server.shutdown()
+
+
+def test_the_proxy_applies_the_export_and_passes_the_rest_through(proxied: Any) -> None:
+    policy, upstream, client = proxied
+    body = {"model": "mine", "messages": [{"role": "user", "content": TEXTS[0]}], "tools": [CONVERT]}
+    r = client.post(
+        "/chat/completions", json=body, headers={"Authorization": "Bearer users-key", "Cookie": "x"}
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+    method, path, headers, sent = upstream.seen[-1]
+    assert (method, path, headers["Authorization"]) == ("POST", "/v1/chat/completions", "Bearer users-key")
+    assert "Cookie" not in headers  # only the key and the content type are passed on
+    assert sent["model"] == "adapter-0123456789ab" and sent["temperature"] == 0
+    assert "enum" in sent["tools"][0]["function"]["parameters"]["properties"]["from_unit"]
+    assert sent["messages"][0]["content"].count("Task: ") == 2  # the per-task choice: both demos fit
+    streamed = client.post("/chat/completions", json=body | {"stream": True})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.count("data: ") == 4 and streamed.text.endswith("data: [DONE]\n\n")
+    models = client.get("/models")
+    assert models.json() == {"data": [{"id": "m"}]} and upstream.seen[-1][:2] == ("GET", "/v1/models")
+    failed = client.post("/chat/completions", json=body | {"user": "fail"})
+    assert failed.status_code == 500 and failed.json() == {"error": {"message": "boom"}}  # as it answered
+
+
+def test_the_proxy_refuses_bad_bodies_in_one_line_and_forwards_nothing(proxied: Any) -> None:
+    import socket
+
+    _, upstream, client = proxied
+    before = len(upstream.seen)
+    for content in (b"{not json", b"[1, 2]", b"", b"\xff\xfe"):
+        r = client.post("/chat/completions", content=content, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and len(r.json()["error"]["message"].splitlines()) == 1
+    host, port = client.base_url.host, client.base_url.port
+    with socket.create_connection((host, port), timeout=10) as s:  # a huge body, refused from its header
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.0 413")
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.0 400")
+    assert len(upstream.seen) == before  # nothing went on
+    upstream.server.shutdown()
+    upstream.server.server_close()
+    down = client.post("/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert down.status_code == 502 and "unreachable" in down.json()["error"]["message"]
