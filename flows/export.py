@@ -33,8 +33,9 @@ Decisions, written down:
 
 The export is written to a hidden directory beside the target and renamed into place at the
 end, so an export killed midway leaves nothing at the target (its hidden leftover is removed
-by the next export there). Reading the data dir writes nothing to it; an evolution without a
-champion is one line, with nothing written.
+by the next export there). Reading the data dir writes nothing to it (but what Chroma writes
+when the live index, where there is one, is opened); an evolution without a champion is one
+line, with nothing written.
 """
 
 from __future__ import annotations
@@ -267,11 +268,14 @@ def _embeddings(settings: Settings, texts: Sequence[SkillText]) -> dict[str, lis
     from ratchet.memory.retrieval import skill_document
     from ratchet.memory.vector_index import embed
 
-    index = live_retriever(settings).index
     ids = list(dict.fromkeys(s.content_hash for s in texts))
-    known = set(index.ids()) & set(ids)
-    stored = [i for i in ids if i in known]
-    out = {i: [float(x) for x in v] for i, v in zip(stored, index.embeddings(stored), strict=True)}
+    out: dict[str, list[float]] = {}
+    known: set[str] = set()
+    if settings.index_dir.is_dir():  # a data dir that never played a rollout has none: not made here
+        index = live_retriever(settings).index
+        known = set(index.ids()) & set(ids)
+        stored = [i for i in ids if i in known]
+        out = {i: [float(x) for x in v] for i, v in zip(stored, index.embeddings(stored), strict=True)}
     missing = {s.content_hash: s for s in texts if s.content_hash not in known}
     for lo in range(0, len(missing), 256):  # `SkillRetriever.sync`'s batches
         batch = list(missing.values())[lo : lo + 256]
