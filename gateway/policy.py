@@ -126,10 +126,13 @@ class AuditWatch:
 def reloader(
     settings: Settings, upstream: str, live: Live, chooser: Chooser
 ) -> Callable[[], Snapshot | None]:
-    """What `AuditWatch` calls: the live policy read again and swapped in if it changed."""
+    """What `AuditWatch` (and `/admin/reload`) calls: the live policy read again and swapped in
+    if it changed; one reload at a time (two would load the same adapter at once)."""
+    lock = threading.Lock()
 
     def reload() -> Snapshot | None:
-        return live.swap(load_snapshot(settings, upstream, chooser))
+        with lock:
+            return live.swap(load_snapshot(settings, upstream, chooser))
 
     return reload
 
