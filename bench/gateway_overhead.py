@@ -15,8 +15,14 @@ each first once in three rounds:
 `gateway` against `applied` is the gateway's own cost (the hop, reading the body, choosing the
 skills, applying the policy, relaying the answer); `applied` against `direct` is what the live
 policy makes the model do. Each request is one step of the units example's agent (its system
-prompt, a question of its own so the prefix cache favours no side, the `convert` tool,
-`tool_choice` required). Reports p50 and p99 seconds per side per concurrency (every round's
+prompt, the `convert` tool, `tool_choice` required); every side of a round asks the same
+questions, each request's system message opened by a tag of the same length that is its own
+(`[g00017]`), so the server's prefix cache favours no side and the model does the same work.
+The gateway also says its own part of each completion (`Server-Timing: gateway;dur=…`: from
+reading the request to the answer, less the upstream's time), which model noise cannot blur:
+its p50 and p99 against the whole request's are the overhead's clean measure.
+
+Reports p50 and p99 seconds per side per concurrency (every round's
 requests pooled), the median per-round ratio, and the gateway process's resident memory (VmRSS
 after the warm-up and at the end, VmHWM).
 
@@ -173,15 +179,43 @@ def quantile(xs: list[float], q: float) -> float:
 # ------------------------------------------------------------------ this benchmark
 
 
-def side(client: httpx.Client, url: str, bodies: list[dict[str, Any]], concurrency: int) -> list[float]:
+def side(
+    client: httpx.Client,
+    url: str,
+    bodies: list[dict[str, Any]],
+    concurrency: int,
+    own_ms: list[float] | None = None,
+) -> list[float]:
+    """Each request's seconds; the gateway's own milliseconds appended to `own_ms` where it says them."""
+
     def one(body: dict[str, Any]) -> float:
         started = time.perf_counter()
         got = client.post(url, json=body)
         got.raise_for_status()
-        return time.perf_counter() - started
+        took = time.perf_counter() - started
+        if own_ms is not None:
+            own_ms.append(server_timing(got.headers.get("server-timing", ""))["gateway"])
+        return took
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, bodies))
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """`gateway;dur=1.2, upstream;dur=2000` as {"gateway": 1.2, "upstream": 2000.0} (ms)."""
+    out = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur)
+    return out
+
+
+def tagged(body: dict[str, Any], tag: str) -> dict[str, Any]:
+    """`body` with its system message opened by `tag`: a prefix no other request shares."""
+    messages = [dict(m) for m in body["messages"]]
+    messages[0]["content"] = f"[{tag}] {messages[0]['content']}"
+    return body | {"messages": messages}
 
 
 def run(opts: Options) -> None:
@@ -194,6 +228,7 @@ def run(opts: Options) -> None:
     sides = ("direct", "applied", "gateway")
     rows: list[dict[str, Any]] = []
     seconds: dict[tuple[int, str], list[float]] = {}
+    own: dict[int, list[float]] = {}  # the gateway's own ms per completion (Server-Timing)
     with embedded_server(data / "logs") as upstream, httpx.Client(timeout=600) as client:
         gw = GatewayProcess(data, upstream, data / "logs" / "gateway.log")
         try:
@@ -209,13 +244,23 @@ def run(opts: Options) -> None:
             offset = 8
             for r in range(opts.rounds):
                 for c in opts.concurrency:
+                    asked = questions(opts.requests, offset)
+                    offset += opts.requests
                     for which in sides[r % 3 :] + sides[: r % 3]:
-                        bodies = [agent_request(q, opts.max_tokens) for q in questions(opts.requests, offset)]
-                        offset += opts.requests
+                        bodies = [
+                            tagged(agent_request(q, opts.max_tokens), f"{which[0]}{offset + i:05d}")
+                            for i, q in enumerate(asked)
+                        ]
                         if which == "applied":
                             bodies = [forwarded(policy, b, chooser) for b in bodies]
                         target = gw.url if which == "gateway" else upstream
-                        took = side(client, f"{target}/chat/completions", bodies, c)
+                        took = side(
+                            client,
+                            f"{target}/chat/completions",
+                            bodies,
+                            c,
+                            own.setdefault(c, []) if which == "gateway" else None,
+                        )
                         seconds.setdefault((c, which), []).extend(took)
                         rows.append(
                             {"round": r, "concurrency": c, "side": which, "median_s": statistics.median(took)}
@@ -238,11 +283,18 @@ def run(opts: Options) -> None:
             a / d for a, d in zip(per["applied"], per["direct"], strict=True)
         )
         s["gateway_overhead_p50_ms"] = 1000 * (s["gateway_p50_s"] - s["applied_p50_s"])
+        s["gateway_own_p50_ms"] = statistics.median(own[c])
+        s["gateway_own_p99_ms"] = quantile(own[c], 0.99)
+        # the gateway's own share of a request at p50 and at p99 (its own p99 against the p99 request's)
+        s["own_share_p50"] = s["gateway_own_p50_ms"] / (1000 * s["gateway_p50_s"])
+        s["own_share_p99"] = s["gateway_own_p99_ms"] / (1000 * s["gateway_p99_s"])
         summary[str(c)] = s
         print(
             f"{c} in flight: p50 direct {s['direct_p50_s']:.3f} s, applied {s['applied_p50_s']:.3f} s, "
             f"gateway {s['gateway_p50_s']:.3f} s (p99 {s['gateway_p99_s']:.3f} s); "
-            f"gateway/applied {s['gateway_vs_applied_ratio']:.3f}"
+            f"gateway/applied {s['gateway_vs_applied_ratio']:.3f}; the gateway's own "
+            f"{s['gateway_own_p50_ms']:.1f} ms p50 ({100 * s['own_share_p50']:.2f}%), "
+            f"{s['gateway_own_p99_ms']:.1f} ms p99 ({100 * s['own_share_p99']:.2f}%)"
         )
     memory = {"warm": memory_warm, "end": memory_end}
     print(f"gateway memory: {memory}")

@@ -8,7 +8,8 @@ passes `gateway/guard.py:Guard` first.
 Each chat completion takes the live snapshot once (`gateway/snapshot.py`) and is forwarded
 under it (`gateway/request.py`) to the upstream with the user's upstream key. The answer
 names the snapshot's version: the `X-Ratchet-Policy` header, and `system_fingerprint` in the
-body and in every streamed chunk; `X-Ratchet-Champion` says when nothing is promoted.
+body and in every streamed chunk; `X-Ratchet-Champion` says when nothing is promoted. A
+completion's `Server-Timing` header splits its time into the upstream's and the gateway's own.
 
 What goes wrong is one line in OpenAI's error shape, never a 500 of the gateway's own and
 never a hung connection: a request the policy cannot be applied to is 400; the upstream's own
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -109,6 +111,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
+        started = time.perf_counter()
         snap = live.current  # once: everything below is this version's
         try:
             body = parse(await request.body())
@@ -120,13 +123,15 @@ def create_app(
             return error(400, f"malformed request: {type(exc).__name__}: {exc}"[:500], snap)
         if sent.get("stream"):
             return await _stream(snap, payload)
-        return await _complete(snap, payload)
+        return await _complete(snap, payload, started)
 
-    async def _complete(snap: Snapshot, payload: bytes) -> Response:
+    async def _complete(snap: Snapshot, payload: bytes, started: float) -> Response:
+        asked = time.perf_counter()
         try:
             got = await client.post("/chat/completions", content=payload)
         except httpx.HTTPError as exc:
             return _unreachable(exc, snap)
+        upstream_s = time.perf_counter() - asked
         if got.status_code >= 400:
             return _passed_on(got.status_code, got.content, got.headers, snap)
         try:
@@ -136,7 +141,11 @@ def create_app(
         if not isinstance(reply, dict):
             return error(502, "the model endpoint answered no completion object", snap, "server_error")
         reply["system_fingerprint"] = snap.version
-        return JSONResponse(reply, headers=snap.headers())
+        answer = JSONResponse(reply, headers=snap.headers())
+        own_s = time.perf_counter() - started - upstream_s  # reading, applying, relaying: the gateway's cost
+        timing = f"gateway;dur={1000 * own_s:.2f}, upstream;dur={1000 * upstream_s:.2f}"
+        answer.headers["Server-Timing"] = timing
+        return answer
 
     async def _stream(snap: Snapshot, payload: bytes) -> Response:
         req = client.build_request("POST", "/chat/completions", content=payload)

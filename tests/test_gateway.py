@@ -393,6 +393,8 @@ def test_the_upstream_receives_the_champions_system_section_and_bound_tools(
     policy = champion_policy(settings, SkillLibrary(settings.skills_dir, settings.index_dir))
     assert got.headers[POLICY_HEADER] == policy.version == got.json()["system_fingerprint"]
     assert CHAMPION_HEADER not in got.headers
+    own, upstream = (float(p.split(";dur=")[1]) for p in got.headers["Server-Timing"].split(", "))
+    assert 0 < own and 0 < upstream  # the gateway's own part, and the upstream's, in ms
     (seen,) = up.seen
     sent = seen["body"]
     assert seen["auth"] == f"Bearer {settings.model.api_key.get_secret_value()}"  # never the client's
