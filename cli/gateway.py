@@ -27,6 +27,12 @@ def gateway(
         bool, typer.Option("--allow-base", help="start even when nothing is promoted (each answer says so)")
     ] = False,
     poll: Annotated[float, typer.Option(min=0.05, help="seconds between looks at the audit logs")] = 0.5,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, max=2.0, help="every request's temperature (default: the agent's own; 0: greedy)"
+        ),
+    ] = None,
 ) -> None:
     """Serve the live champion of the evolution (--evolution, --data-dir) to your own agent: an
     OpenAI-compatible API (…/v1: chat completions with tools and streaming, models) that applies
@@ -52,7 +58,9 @@ def gateway(
         with ExitStack() as stack:
             with err.status("starting the model server and reading the champion"):
                 upstream = stack.enter_context(model_endpoint(settings))
-                gw = stack.enter_context(Gateway(settings, upstream, host, port, allow_base, poll))
+                gw = stack.enter_context(
+                    Gateway(settings, upstream, host, port, allow_base, poll, temperature=temperature)
+                )
             snap, root = gw.snapshot, gw.url.removesuffix("/v1")
             console.print(f"gateway on {gw.url} (MCP: {root}/mcp) in front of {upstream}", soft_wrap=True)
             console.print(f"policy {snap.version}: {snap.describe()}", highlight=False)

@@ -61,10 +61,12 @@ def create_app(
     log: RateLimitedLog | None = None,
     reload: Callable[[], object] | None = None,
     status: Callable[[], dict[str, Any]] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> FastAPI:
     """The gateway over `upstream` (an OpenAI-compatible base URL, …/v1). `public`: bound beyond
     loopback (the token on every request); `reload`: what `/admin/reload` calls; `status`: more
-    of `/health` (the watch's last error)."""
+    of `/health` (the watch's last error); `sampling`: set on every request over the agent's own
+    (`--temperature`)."""
     limits = limits or Limits()
     log = log or RateLimitedLog(logging.getLogger("ratchet.gateway.http"), limits.log_lines_per_minute)
     tools = mcp_app(live, loopback=not public)
@@ -115,7 +117,7 @@ def create_app(
         snap = live.current  # once: everything below is this version's
         try:
             body = parse(await request.body())
-            sent = await anyio.to_thread.run_sync(forwarded, snap.policy, body, chooser)
+            sent = await anyio.to_thread.run_sync(forwarded, snap.policy, body, chooser) | (sampling or {})
             payload = encode(sent)
         except BadRequest as exc:
             return error(400, str(exc), snap)

@@ -42,7 +42,8 @@ def is_loopback(host: str) -> bool:
 class Gateway:
     """The gateway in front of `upstream` (an OpenAI-compatible base URL, …/v1) for the live
     policy of `settings`' evolution. `allow_base`: start even when nothing is promoted.
-    `poll_s`: how often the audit logs are looked at."""
+    `poll_s`: how often the audit logs are looked at. `temperature`: every request's, in place of
+    what the agent sends (None: the agent's own), e.g. 0 to serve as the gate measured."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class Gateway:
         allow_base: bool = False,
         poll_s: float = 0.5,
         limits: Limits | None = None,
+        temperature: float | None = None,
     ) -> None:
         self.settings, self.upstream, self.host = settings, upstream, host
         self.public = not is_loopback(host)
@@ -84,6 +86,7 @@ class Gateway:
             log=log,
             reload=self.watch.reload,
             status=self.status,
+            sampling={} if temperature is None else {"temperature": temperature},
         )
         self._sock = listening_socket(host, port)
         self.port = self._sock.getsockname()[1]

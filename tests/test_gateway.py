@@ -380,6 +380,15 @@ def test_the_skills_shown_are_the_ones_the_loops_retriever_chooses_for_the_task(
     )
 
 
+def test_a_gateway_told_a_temperature_sets_it_on_every_request(settings: Settings, up: Upstream) -> None:
+    """`--temperature 0` serves as the gate measured (greedy), whatever the agent sends."""
+    with Gateway(settings, up.url, poll_s=0.1, temperature=0.0) as gw:
+        got = httpx.post(f"{gw.url}/chat/completions", json=ASK)
+    assert got.status_code == 200, got.text
+    (seen,) = up.seen
+    assert seen["body"]["temperature"] == 0.0 and ASK["temperature"] == 0.7
+
+
 # ---------------------------------------------------------------- through the real server
 
 
