@@ -129,11 +129,13 @@ def free_port() -> int:
 class GatewayProcess:
     """`ratchet gateway --endpoint URL` on a free port, in its own process, as a user runs it."""
 
-    def __init__(self, data: Path, upstream: str, log: Path, poll_s: float = 0.5) -> None:
+    def __init__(
+        self, data: Path, upstream: str, log: Path, poll_s: float = 0.5, extra: list[str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         argv = [RATCHET, "--data-dir", str(data), "gateway", "--endpoint", upstream]
-        argv += ["--port", str(self.port), "--poll", str(poll_s)]
+        argv += ["--port", str(self.port), "--poll", str(poll_s), *(extra or [])]
         self._log = log.open("w")
         self.proc = subprocess.Popen(argv, env=clean_env(), stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
