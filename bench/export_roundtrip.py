@@ -53,7 +53,7 @@ class Options:
     test: int = option(50, "test tasks (the file has 50)")
     demos: int = option(8, "planted champion: solved train tasks in its exemplar set")
     constraint: bool = option(True, "planted champion: with the units constraint (--no-constraint: without)")
-    generation: int = option(900, "the generation ratchet's evaluate is stored as (in the copy)")
+    generation: int = option(900, "ratchet's evaluate is stored as this generation, or the next unused one")
     name: str = option("export_roundtrip", "results file name under bench/results")
 
 
@@ -199,6 +199,10 @@ def ratchet_side(settings: Any, url: str, generation: int) -> dict[str, Played]:
 
     reset_prefix_cache(url)
     result = run_flow(evaluate, settings, generation=generation, base_url=url)
+    if result.report.skipped:  # rollouts stored before (another agent's, perhaps) were not played
+        raise RuntimeError(
+            f"generation {generation} of {settings.evolution} was evaluated before: pick another"
+        )
     store = open_store(settings.trajectories_db)
     try:
         played = [t for i in result.slot_ids if (t := store.get(i)) is not None]
@@ -215,6 +219,19 @@ def ratchet_side(settings: Any, url: str, generation: int) -> dict[str, Played]:
             requests.append(comparable(messages, tools, settings.model.name))
         out[t.task_id] = Played(t.success and t.status == "finished", requests, t.error)
     return out
+
+
+def unused_generation(settings: Any, wanted: int) -> int:
+    """`wanted`, or the first generation after it with no stored rollout of the evolution."""
+    from ratchet.memory.trajectory_store import open_store
+
+    store = open_store(settings.trajectories_db)
+    try:
+        while store.count(evolution=settings.evolution, generation=wanted):
+            wanted += 1
+    finally:
+        store.close()
+    return wanted
 
 
 def load_apply(export_dir: Path) -> ModuleType:
@@ -340,8 +357,9 @@ def run(opts: Options) -> int:
         settings = units_settings(data, opts.evolution, opts.agent, opts.test)
         prepare_environment(settings)
     models = settings.models_dir if settings.models_dir.is_dir() else MODELS
+    generation = unused_generation(settings, opts.generation)
     with embedded_server(work / "logs", models=models) as url:
-        result = roundtrip(settings, url, opts.generation, work / "export")
+        result = roundtrip(settings, url, generation, work / "export")
     result["data"] = str(opts.data or data)
     write_result(opts.name, result, opts)
     print(
