@@ -55,6 +55,11 @@ def gateway(
                 "promote a candidate, or pass --allow-base to serve the base model (each answer says so)",
             )
         _log_to_stderr()
+        import torch
+
+        # the gateway embeds one short query per task (to choose its skills): one core does it
+        # in milliseconds, and the model server beside it keeps the others
+        torch.set_num_threads(1)
         with ExitStack() as stack:
             with err.status("starting the model server and reading the champion"):
                 upstream = stack.enter_context(model_endpoint(settings))
