@@ -138,5 +138,5 @@ def run(opts: Options) -> int:
                 f"the gateway named {a['gateway_named']}, the champion is {version}",
                 flush=True,
             )
-    write_result(opts.name, result, opts)
+            write_result(opts.name, result, opts)  # after each agent: a cut run keeps the agents it played
     return 0 if all_agree else 1
