@@ -44,12 +44,15 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PR
 
 
 @pytest.fixture(autouse=True)
-def _config_file_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+def _config_file_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> Any:
     """`load_settings(config_file=...)` points the process at that file (an env var): undo it
-    after each test, or later tests would read another test's ratchet.toml."""
+    before and after each test, or later tests would read another test's ratchet.toml. After
+    too: the next module's module-scoped fixtures are set up before this fixture runs again."""
     from ratchet.config import CONFIG_ENV
 
     monkeypatch.delenv(CONFIG_ENV, raising=False)
+    yield
+    os.environ.pop(CONFIG_ENV, None)
 
 
 @pytest.fixture(autouse=True)
