@@ -88,11 +88,7 @@ def _play_and_store(
     rt = ref.resolve()
     skills = exemplars = None
     if rt.retriever is not None:  # the top-k promoted skills and the nearest solved tasks
-        s, query = rt.settings.skills, slot.task.instruction
-        if policy.skills:
-            skills = tuple(rt.retriever.select(query, policy.skills, s.k, s.token_budget))
-        if policy.exemplars:
-            exemplars = tuple(rt.retriever.select(query, policy.exemplars, s.exemplars, s.exemplar_budget))
+        skills, exemplars = rt.retriever.for_task(slot.task.instruction, policy, rt.settings.skills)
     with traces.rollout_trace(trace, slot) as finish:
         if rt.agent is not None and rt.endpoint is not None:  # your agent, behind the endpoint
             arm = Arm(

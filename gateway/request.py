@@ -19,12 +19,10 @@ from typing import Any, cast
 from ratchet.config import SkillSettings
 from ratchet.endpoint.app import NotJSON, shape_problem, strict_json
 from ratchet.endpoint.apply import reply_call, tried_before
-from ratchet.memory.retrieval import SkillRetriever
+from ratchet.memory.retrieval import Chosen, SkillRetriever
 from ratchet.memory.vector_index import VectorIndex
 from ratchet.skills.calls import apply_request, for_task, latest_observation, text_of
-from ratchet.types import Policy, SkillText, ToolCall, Tried
-
-Chosen = tuple[tuple[SkillText, ...] | None, tuple[SkillText, ...] | None]
+from ratchet.types import Policy, ToolCall, Tried
 
 
 class BadRequest(ValueError):
@@ -98,12 +96,7 @@ class Chooser:
         self.retriever = SkillRetriever(cast(VectorIndex, _NoIndex()))
 
     def choose(self, policy: Policy, query: str) -> Chosen:
-        s, skills, exemplars = self.settings, None, None
-        if policy.skills:
-            skills = tuple(self.retriever.select(query, policy.skills, s.k, s.token_budget))
-        if policy.exemplars:
-            exemplars = tuple(self.retriever.select(query, policy.exemplars, s.exemplars, s.exemplar_budget))
-        return skills, exemplars
+        return self.retriever.for_task(query, policy, self.settings)
 
     def warm(self, policy: Policy) -> None:
         """Embed a policy's skills before it goes live, so its first request does not wait."""

@@ -33,8 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ratchet.config import SkillSettings
 from ratchet.memory.vector_index import DIM, VectorIndex, embed
-from ratchet.types import SkillText
+from ratchet.types import Policy, SkillText
+
+Chosen = tuple[tuple[SkillText, ...] | None, tuple[SkillText, ...] | None]
 
 __all__ = ["SkillRetriever", "estimate_tokens", "skill_document"]
 
@@ -145,6 +148,18 @@ class SkillRetriever:
                 chosen.append(skill)
                 used += t
         return chosen
+
+    def for_task(self, query: str, policy: Policy, s: SkillSettings) -> Chosen:
+        """The prompt skills and solved tasks a task (its text, `query`) is shown: the `s.k`
+        nearest skills within `s.token_budget`, the `s.exemplars` nearest solved tasks within
+        `s.exemplar_budget`; None where the policy has none. What a rollout of the loop is
+        shown, and so what the gateway shows the same task."""
+        skills = exemplars = None
+        if policy.skills:
+            skills = tuple(self.select(query, policy.skills, s.k, s.token_budget))
+        if policy.exemplars:
+            exemplars = tuple(self.select(query, policy.exemplars, s.exemplars, s.exemplar_budget))
+        return skills, exemplars
 
     def rank(self, query: str, skills: Sequence[SkillText], k: int) -> list[tuple[SkillText, float]]:
         """The top-k of `skills` with their cosine distance to `query`, nearest first."""
