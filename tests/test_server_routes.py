@@ -308,15 +308,19 @@ def real(embedded_server: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """The session's real server and a no-op adapter inside its data dir (the session's
     temporary tree); whatever a test got loaded is unloaded after it."""
     before = set(_served_ids(embedded_server))
-    yield embedded_server, _noop_adapter(tmp_path / "adapters" / "noop")
+    adapter = _noop_adapter(tmp_path / "adapters" / "noop")
+    yield embedded_server, adapter
     from ratchet.server.launcher import admin_headers
 
+    # near=: a test may have emptied this process's started-servers table (the autouse
+    # fixtures' monkeypatch is undone only after this teardown); the token file is found then
     for name in set(_served_ids(embedded_server)) - before:
-        httpx.post(
+        unloaded = httpx.post(
             f"{embedded_server}/unload_lora_adapter",
             json={"lora_name": name},
-            headers=admin_headers(embedded_server),
+            headers=admin_headers(embedded_server, near=adapter),
         )
+        assert unloaded.status_code == 200, f"{name} left loaded: {unloaded.text}"
 
 
 @pytest.mark.integration
