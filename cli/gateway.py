@@ -33,13 +33,21 @@ def gateway(
             min=0.0, max=2.0, help="every request's temperature (default: the agent's own; 0: greedy)"
         ),
     ] = None,
+    record: Annotated[
+        bool,
+        typer.Option(
+            help="every completion an MLflow trace in the evolution's experiment (X-Ratchet-Trace), "
+            "feedback taken on POST /v1/feedback; --no-record: neither"
+        ),
+    ] = True,
 ) -> None:
     """Serve the live champion of the evolution (--evolution, --data-dir) to your own agent: an
     OpenAI-compatible API (…/v1: chat completions with tools and streaming, models) that applies
     the promoted skills, rules, argument constraints, exemplars and adapter to every call, with the
     promoted function tools over MCP at /mcp. Every answer names its policy version
     (X-Ratchet-Policy, system_fingerprint). A promotion or rollback from anywhere is served within
-    seconds, without a restart. Starts the embedded model server unless --endpoint names one."""
+    seconds, without a restart. Every completion is an MLflow trace that feedback can be given on
+    (POST /v1/feedback, with the token). Starts the embedded model server unless --endpoint names one."""
     with guard():
         settings = load(**{"model.endpoint": endpoint})
         from ratchet.flows.runtime import model_endpoint
@@ -64,7 +72,16 @@ def gateway(
             with err.status("starting the model server and reading the champion"):
                 upstream = stack.enter_context(model_endpoint(settings))
                 gw = stack.enter_context(
-                    Gateway(settings, upstream, host, port, allow_base, poll, temperature=temperature)
+                    Gateway(
+                        settings,
+                        upstream,
+                        host,
+                        port,
+                        allow_base,
+                        poll,
+                        temperature=temperature,
+                        record=record,
+                    )
                 )
             snap, root = gw.snapshot, gw.url.removesuffix("/v1")
             console.print(f"gateway on {gw.url} (MCP: {root}/mcp) in front of {upstream}", soft_wrap=True)
@@ -76,6 +93,13 @@ def gateway(
             if not is_loopback(host):
                 where = token_path(settings.data_dir)
                 console.print(f"every request needs `Authorization: Bearer` with the token in {where}")
+            if record:
+                console.print(
+                    f"every answer is an MLflow trace in experiment ratchet-{settings.evolution} "
+                    f"(X-Ratchet-Trace); feedback: POST {root}/v1/feedback with the token in "
+                    f"{token_path(settings.data_dir)}",
+                    soft_wrap=True,
+                )
             console.print("promotions and rollbacks are served within seconds; Ctrl-C to stop")
             try:
                 while gw.alive():

@@ -36,6 +36,7 @@ from ratchet.cli.export import export
 from ratchet.cli.gateway import gateway
 from ratchet.cli.library import failures, skills_app, tools_app
 from ratchet.cli.suites import suites_app
+from ratchet.cli.traffic import traffic_app
 from ratchet.config import Settings
 from ratchet.errors import ConfigError, RatchetError
 
@@ -51,6 +52,7 @@ app.add_typer(traj_app, name="trajectories")
 app.add_typer(skills_app, name="skills")
 app.add_typer(tools_app, name="tools")
 app.add_typer(adapters_app, name="adapters")
+app.add_typer(traffic_app, name="traffic")
 
 
 @app.callback()
@@ -320,16 +322,17 @@ def run(
         typer.Option("--stage", "-S", help="a stage of the loop to run (repeat; default: all but the gates)"),
     ] = None,
 ) -> None:
-    """Run stages of one generation (default explore, diagnose, distill, evaluate); print a summary."""
+    """Run stages of one generation (default explore, diagnose, distill, evaluate, after collect
+    with traffic.learn); print a summary."""
     with guard():
         from ratchet.flows.loop import run_stages, stage_names
         from ratchet.flows.stage import render_outcomes
 
-        stages = tuple(stage or run_stages())
-        unknown = [s for s in stages if s not in stage_names()]
+        unknown = [s for s in stage or () if s not in stage_names()]
         if unknown:
             raise ConfigError(f"unknown stage {unknown[0]!r}", f"choose from {', '.join(stage_names())}")
         settings = load(**{"splits.train": train, "splits.test": test, "explore.rollouts_per_task": k})
+        stages = tuple(stage or run_stages(settings))
         result = _launch("ratchet.flows.evolve:generation_flow", settings, generation, stages, stages=stages)
         render_outcomes(list(result.stages.values()), console, settings, run_id=result.run_id)
 

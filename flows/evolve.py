@@ -71,7 +71,7 @@ def evolve_flow(
     journal = Journal.load(settings)
     with model_endpoint(settings, base_url) as url:
         for generation in range(last + 1):
-            for name in loop.stages_of(generation):
+            for name in loop.stages_of(generation, settings):
                 if journal.done(generation, name):
                     continue
                 faults.point("stage.started")
@@ -104,7 +104,7 @@ def generation_flow(
     """`stages` of one generation (default: the loop's `in_run` stages), in the loop's order,
     without the journal (`ratchet run`): every stage resumes from the stores on its own, so a
     rerun redoes only what is missing."""
-    stages = loop.run_stages() if stages is None else tuple(stages)
+    stages = loop.run_stages(settings) if stages is None else tuple(stages)
     names = loop.stage_names()
     unknown = sorted(set(stages) - set(names))
     if unknown:

@@ -1,7 +1,9 @@
 """The loop's stages, in order: the one list every runner of the loop reads (`LOOP`).
 
     generation 0    evaluate                      the starting champion: the baseline
-    generation g    explore → diagnose → distill → verify → finetune → evaluate
+    generation g    [collect →] explore → diagnose → distill → verify → finetune → evaluate
+
+`collect` runs only with `traffic.learn` (what the gateway met in use becomes tasks).
 
 Each stage is a Prefect flow in its own module, named here by import path so that reading
 the list imports nothing (the CLI checks stage names before Prefect starts); what a `Stage`
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ratchet.flows.stage import Stage
 
 if TYPE_CHECKING:
+    from ratchet.config import Settings
     from ratchet.flows.journal import GenerationRow
 
 
@@ -60,7 +63,12 @@ def fill_evaluate(row: GenerationRow, s: dict[str, Any]) -> None:
         row.test_by_task = dict(s["by_task"])
 
 
+def learns_from_use(settings: Settings) -> bool:
+    return settings.traffic.learn
+
+
 LOOP: tuple[Stage, ...] = (
+    Stage("collect", "ratchet.flows.collect:collect_flow", in_run=True, wanted=learns_from_use),
     Stage(
         "explore",
         "ratchet.flows.explore:explore",
@@ -100,9 +108,9 @@ def stage_names() -> tuple[str, ...]:
     return tuple(s.name for s in LOOP)
 
 
-def run_stages() -> tuple[str, ...]:
+def run_stages(settings: Settings | None = None) -> tuple[str, ...]:
     """What plain `ratchet run` runs: a generation without the gates."""
-    return tuple(s.name for s in LOOP if s.in_run)
+    return tuple(s.name for s in LOOP if s.in_run and s.runs_with(settings))
 
 
 def gated(names: Collection[str]) -> bool:
@@ -126,9 +134,10 @@ def distributed(name: str) -> bool:
     return any(s.distributed for s in LOOP if s.name == name)
 
 
-def stages_of(generation: int) -> tuple[str, ...]:
-    """The stages of generation `generation`: the baseline ones in generation 0, all after."""
-    return tuple(s.name for s in LOOP if generation > 0 or s.baseline)
+def stages_of(generation: int, settings: Settings | None = None) -> tuple[str, ...]:
+    """The stages of generation `generation`: the baseline ones in generation 0, all after;
+    under `settings`, those they run."""
+    return tuple(s.name for s in LOOP if (generation > 0 or s.baseline) and s.runs_with(settings))
 
 
 def stage_flow(name: str) -> Any:

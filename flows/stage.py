@@ -4,8 +4,9 @@
 A stage is a Prefect flow `(settings, generation=0, base_url=None) -> outcome` in a module
 of its own, and one line in that list. The line says how the loop treats it (`traced`,
 `gated`, `in_run`, `baseline`) and what its journal summary adds to the generation table
-(`fill`). The outcome it returns follows `StageOutcome`: `summary()` is what the journal
-records, `render()` what the CLI prints. Nothing else in ratchet lists the stages:
+(`fill`), and when settings leave it out (`wanted`). The outcome it returns follows
+`StageOutcome`: `summary()` is what the journal records, `render()` what the CLI prints.
+Nothing else in ratchet lists the stages:
 `evolve_flow` and `generation_flow` (`flows/evolve.py`), the journal's table
 (`flows/journal.py`), the CLI (`ratchet run`, `ratchet <stage>`) and the traces
 (`flows/traces.py`) all read the list.
@@ -67,6 +68,12 @@ class Stage:
     baseline: bool = False  # it runs in generation 0, the baseline (every stage runs in g >= 1)
     distributed: bool = False  # its rollouts go to Dask or Ray workers when `evolve.task_runner` says so
     fill: Fill = no_fill  # what its journal summary adds to a `GenerationRow`
+    wanted: Callable[[Settings], bool] | None = None  # None: always; else whether these settings run it
+
+    def runs_with(self, settings: Settings | None) -> bool:
+        """Whether the runners run it under `settings` (None: settings not known, so only a stage
+        that always runs)."""
+        return self.wanted is None or (settings is not None and self.wanted(settings))
 
     def flow(self) -> Any:
         """The stage's Prefect flow (importing it imports Prefect)."""

@@ -14,9 +14,10 @@ data dir's gateway token. `Guard` checks, in order, on every HTTP request:
    fetch (403), a body only as `application/json` (415: a `text/plain` post needs no CORS
    preflight);
 3. the route: `/v1/chat/completions` (POST), `/v1/models`, `/health` (GET), `/mcp` (the MCP
-   transport's methods) and `/admin/reload` (POST); any other path is 404, another method 405;
-   a change other than a chat completion or an MCP request (which ask the model or a tool and
-   change nothing) needs the token on loopback too;
+   transport's methods), `/admin/reload` and `/v1/feedback` (POST); any other path is 404,
+   another method 405; a change other than a chat completion or an MCP request (which ask the
+   model or a tool and change nothing) needs the token on loopback too: feedback becomes what
+   the next generation learns from;
 4. the body: over `Limits.max_body` from its declared length is 413 unread, a chunked one is
    counted as it arrives and refused at the limit, and one that has not all arrived
    `Limits.body_timeout_s` after its first read is 408 (`ratchet.endpoint.limits`).
@@ -55,6 +56,7 @@ ROUTES: dict[str, frozenset[str]] = {
     "/v1/models": frozenset({"GET", "HEAD"}),
     "/health": frozenset({"GET", "HEAD"}),
     "/admin/reload": frozenset({"POST"}),
+    "/v1/feedback": frozenset({"POST"}),
 }
 OPEN = frozenset({"/v1/chat/completions", MCP_PATH})  # a change any loopback client may make: asking
 WHERE = f"send `Authorization: Bearer` with the token in DATA_DIR/{TOKEN_FILE}"

@@ -38,15 +38,21 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def parse(raw: bytes) -> dict[str, Any]:
-    """The request body as a chat completion the policy can be applied to, else `BadRequest`.
-    A key twice in one object is refused: two readers of the same bytes (this one, the model
-    server, a proxy) could each take a different one."""
+def read_json(raw: bytes, what: str = "request body") -> Any:
+    """`raw` as JSON any JSON API can carry, else `BadRequest`. A key twice in one object is
+    refused: two readers of the same bytes (this one, the model server, a proxy) could each
+    take a different one."""
     try:
         body = strict_json(raw)
         json.loads(raw, object_pairs_hook=_unique)
     except NotJSON as exc:
-        raise BadRequest(f"request body {exc}") from None
+        raise BadRequest(f"{what} {exc}") from None
+    return body
+
+
+def parse(raw: bytes) -> dict[str, Any]:
+    """The request body as a chat completion the policy can be applied to, else `BadRequest`."""
+    body = read_json(raw)
     problem = shape_problem(body)
     if problem is not None:
         raise BadRequest(problem)

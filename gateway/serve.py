@@ -24,6 +24,7 @@ from ratchet.errors import EndpointError, RatchetError
 from ratchet.gateway.app import create_app
 from ratchet.gateway.guard import gateway_token
 from ratchet.gateway.policy import AuditWatch, audit_logs, load_snapshot, reloader, signature
+from ratchet.gateway.record import Recorder
 from ratchet.gateway.request import Chooser
 from ratchet.gateway.snapshot import Live, Snapshot
 from ratchet.http_guard import LOOPBACK
@@ -43,7 +44,8 @@ class Gateway:
     """The gateway in front of `upstream` (an OpenAI-compatible base URL, …/v1) for the live
     policy of `settings`' evolution. `allow_base`: start even when nothing is promoted.
     `poll_s`: how often the audit logs are looked at. `temperature`: every request's, in place of
-    what the agent sends (None: the agent's own), e.g. 0 to serve as the gate measured."""
+    what the agent sends (None: the agent's own), e.g. 0 to serve as the gate measured.
+    `record`: every completion an MLflow trace, and feedback taken on it (`gateway/record.py`)."""
 
     def __init__(
         self,
@@ -55,6 +57,7 @@ class Gateway:
         poll_s: float = 0.5,
         limits: Limits | None = None,
         temperature: float | None = None,
+        record: bool = True,
     ) -> None:
         self.settings, self.upstream, self.host = settings, upstream, host
         self.public = not is_loopback(host)
@@ -87,6 +90,7 @@ class Gateway:
             reload=self.watch.reload,
             status=self.status,
             sampling={} if temperature is None else {"temperature": temperature},
+            recorder=Recorder(settings) if record else None,
         )
         self._sock = listening_socket(host, port)
         self.port = self._sock.getsockname()[1]

@@ -595,6 +595,37 @@ class TaskFileSettings(Section):
         return v
 
 
+class TrafficSettings(Section):
+    """Learning from use: what the gateway served becomes tasks of the next generations
+    (`flows/traffic.py`). Only for a task-file suite: a user's expected answer fills a field of
+    an item, and the file's scoring function scores it like any other."""
+
+    learn: bool = Field(
+        default=False,
+        description="each generation of `ratchet evolve` starts by turning the gateway's recorded "
+        "requests that carry an expected answer into train and dev tasks",
+    )
+    expectation: str = Field(
+        default="answer",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+        description="the task item field a user's expected answer fills (the field tasks.score reads)",
+    )
+    share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="at most this share of a generation's train and of its dev tasks come from use "
+        "(the task file's items fill the rest; the test split is the file's alone)",
+    )
+
+    @field_validator("expectation")
+    @classmethod
+    def _not_a_key_of_its_own(cls, v: str) -> str:
+        if v in ("id", "input", "from_use"):
+            raise ValueError(f"'{v}' is a key of every learned item: name the field your scorer reads")
+        return v
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RATCHET_",
@@ -657,6 +688,7 @@ class Settings(BaseSettings):
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     tasks: TaskFileSettings = Field(default_factory=TaskFileSettings)
+    traffic: TrafficSettings = Field(default_factory=TrafficSettings)
 
     @model_validator(mode="after")
     def _task_file_is_the_suite(self) -> Settings:
@@ -664,6 +696,11 @@ class Settings(BaseSettings):
         suite beside it is an error, not a setting silently ignored."""
         t = self.tasks
         if t.file is None:
+            if self.traffic.learn:
+                raise ValueError(
+                    "traffic.learn needs tasks.file: a user's expected answer becomes a task item "
+                    "that the file's scoring function scores"
+                )
             return self
         if not t.score:
             raise ValueError("tasks.file needs tasks.score, the 'module:function' that scores an answer")
@@ -735,6 +772,11 @@ class Settings(BaseSettings):
     @property
     def logs_dir(self) -> Path:
         return (self.data_dir / "logs").resolve()
+
+    @property
+    def traffic_file(self) -> Path:
+        """The tasks learned from use (`flows/traffic.py` writes it, the task-file suite reads it)."""
+        return self.data_dir / "traffic" / f"{self.evolution}.jsonl"
 
 
 def task_file_suite_name(path: Path) -> str:

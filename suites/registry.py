@@ -58,7 +58,8 @@ def suite_from(settings: Settings) -> Suite:
     if settings.tasks.file is not None:
         from ratchet.suites.task_file import TaskFileSuite  # noqa: PLC0415 - only for a task file
 
-        return TaskFileSuite(settings.tasks)
+        learned = settings.traffic_file if settings.traffic.learn else None
+        return TaskFileSuite(settings.tasks, learned=learned, share=settings.traffic.share)
     return get_suite(settings.suite)
 
 

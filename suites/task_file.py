@@ -18,6 +18,13 @@ actor; whatever your agent returned otherwise). It returns a bool, or a pair `(b
 with a score that is a finite real number. Anything else, or an exception, ends that rollout
 as an error whose one line names the task and the function.
 
+**Tasks learned from use.** With `traffic.learn`, the items the gateway's users gave an
+expected answer for (`flows/traffic.py` writes them to `learned`) join the file's: their ids
+start `p-` and are split by the same hash, so an item never changes split as traffic grows. In
+train and dev they come first, at most `share` of the count a generation asks for; the test
+split is the file's alone, so every generation is measured on the same tasks. They are not part
+of the suite's `version`: traffic adds tasks to an evolution, it does not make another one.
+
 An episode offers no tools: the agent answers in words (ratchet's actor replies once; your
 own agent, `agents/your_agent.py`, returns its answer), and the answer is scored.
 """
@@ -153,46 +160,40 @@ class TaskFileSuite(Suite):
     description = "your own tasks: a JSONL file of inputs and a scoring function"
     key_type: ClassVar[type[str]] = str
 
-    def __init__(self, settings: TaskFileSettings) -> None:
+    def __init__(self, settings: TaskFileSettings, learned: Path | None = None, share: float = 0.5) -> None:
         if settings.file is None:
             raise TaskFileError("no task file is set", "set tasks.file to a .jsonl file")
         self.settings = settings
         self.path = settings.file
+        self.learned, self.share = learned, share
         subset = task_file_suite_name(self.path).partition(":")[2]
         self.default_subsets = (subset,)
         super().__init__([subset])
 
     def new_instance(self) -> TaskFileSuite:
-        return type(self)(self.settings)
+        return type(self)(self.settings, self.learned, self.share)
 
     @cached_property
-    def items(self) -> dict[str, dict[str, Any]]:
-        """Every item by id, in file order; a malformed file is one line naming the line."""
-        try:
-            raw = self.path.read_bytes()
-        except OSError as exc:
-            raise TaskFileError(
-                f"cannot read task file {self.path}: {exc.strerror or exc}", "check tasks.file"
-            ) from None
-        items: dict[str, dict[str, Any]] = {}
-        for n, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
-            line = line.removesuffix(b"\r")
-            if not line.strip():
-                continue
-            where = f"task file {self.path}, line {n}"
-            item = parse_item(line, where)
-            key = item.get("id", content_hash(item["input"], length=12))
-            if not isinstance(key, str | int) or isinstance(key, bool) or str(key) != str(key).strip():
-                raise TaskFileError(f"{where}: 'id' must be a string or an integer without spaces around it")
-            key = str(key)
-            if not key or any(c in key for c in "\n\r"):
-                raise TaskFileError(f"{where}: 'id' must be one non-empty line")
-            if key in items:
-                raise TaskFileError(f"{where} repeats id {key!r}", "give every item its own id")
-            items[key] = item
+    def own_items(self) -> dict[str, dict[str, Any]]:
+        """The file's items by id, in file order; a malformed file is one line naming the line."""
+        items = read_items(self.path, "task file", "check tasks.file")
         if not items:
             raise TaskFileError(f"task file {self.path} holds no task", "write one JSON object per line")
         return items
+
+    @cached_property
+    def learned_items(self) -> dict[str, dict[str, Any]]:
+        """The items learned from use, by id, oldest first (none without `learned`, or before the
+        first collection); an id the file holds too stays the file's."""
+        if self.learned is None or not self.learned.is_file():
+            return {}
+        found = read_items(self.learned, "learned task file", "run `ratchet traffic collect` again")
+        return {k: v for k, v in found.items() if k not in self.own_items}
+
+    @cached_property
+    def items(self) -> dict[str, dict[str, Any]]:
+        """Every item by id: the file's, then those learned from use."""
+        return self.own_items | self.learned_items
 
     @cached_property
     def scorer(self) -> Callable[..., Any]:
@@ -200,10 +201,12 @@ class TaskFileSuite(Suite):
 
     @cached_property
     def by_split(self) -> dict[Split, list[str]]:
-        out: dict[Split, list[str]] = {s: [] for s in SPLITS}
-        for key in self.items:
-            out[split_of(key)].append(key)
-        return out
+        """The file's ids of each split, in file order."""
+        return ids_by_split(self.own_items)
+
+    @cached_property
+    def learned_by_split(self) -> dict[Split, list[str]]:
+        return ids_by_split(self.learned_items)
 
     @cached_property
     def version(self) -> str:
@@ -220,13 +223,16 @@ class TaskFileSuite(Suite):
         return {s: len(ids) for s, ids in self.by_split.items()}
 
     def split_seeds(self, subset: str, split: Split, n: int) -> Sequence[TaskKey]:
+        """The first `n` ids of `split`: in train and dev those learned from use first (at most
+        `share` of `n`), then the file's; in test the file's alone."""
         ids = self.by_split[split]
         if n > len(ids):
             raise ValueError(
                 f"task file {self.path} has {len(ids)} {split} tasks (its items split 40/30/30 "
                 f"by a hash of their ids), asked for {n}: set splits.{split} to at most {len(ids)}"
             )
-        return ids[:n]
+        learned = [] if split == "test" else self.learned_by_split[split][: int(self.share * n)]
+        return [*learned, *ids][:n]
 
     def make_task(self, subset: str, split: Split, seed: TaskKey) -> Task:
         key = str(seed)
@@ -306,6 +312,39 @@ def parse_item(line: bytes, where: str) -> dict[str, Any]:
             "write the character itself, or its surrogate pair",
         ) from None
     return item
+
+
+def read_items(path: Path, what: str, fix: str) -> dict[str, dict[str, Any]]:
+    """The items of a JSONL task file by id, in file order; a malformed line is one
+    `TaskFileError` naming `what`, the file and the line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TaskFileError(f"cannot read {what} {path}: {exc.strerror or exc}", fix) from None
+    items: dict[str, dict[str, Any]] = {}
+    for n, line in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
+        line = line.removesuffix(b"\r")
+        if not line.strip():
+            continue
+        where = f"{what} {path}, line {n}"
+        item = parse_item(line, where)
+        key = item.get("id", content_hash(item["input"], length=12))
+        if not isinstance(key, str | int) or isinstance(key, bool) or str(key) != str(key).strip():
+            raise TaskFileError(f"{where}: 'id' must be a string or an integer without spaces around it")
+        key = str(key)
+        if not key or any(c in key for c in "\n\r"):
+            raise TaskFileError(f"{where}: 'id' must be one non-empty line")
+        if key in items:
+            raise TaskFileError(f"{where} repeats id {key!r}", "give every item its own id")
+        items[key] = item
+    return items
+
+
+def ids_by_split(items: dict[str, Any]) -> dict[Split, list[str]]:
+    out: dict[Split, list[str]] = {s: [] for s in SPLITS}
+    for key in items:
+        out[split_of(key)].append(key)
+    return out
 
 
 def split_of(key: str) -> Split:
