@@ -10,7 +10,10 @@ each first once in three rounds:
 * `applied`: the request as the gateway forwards it (the champion's system section, the tool's
   schema bound to the question's words), sent to the model server directly: what the policy
   costs the model, without the gateway;
-* `gateway`: the agent's request through the gateway.
+* `gateway`: the agent's request through the gateway, which records each completion as an
+  MLflow trace (its default);
+* `unrecorded` (with `--unrecorded`): the same through a second gateway started with
+  `--no-record`: `gateway` against it is what recording costs.
 
 `gateway` against `applied` is the gateway's own cost (the hop, reading the body, choosing the
 skills, applying the policy, relaying the answer); `applied` against `direct` is what the live
@@ -28,6 +31,7 @@ after the warm-up and at the end, VmHWM).
 
     .venv/bin/python -m bench gateway_overhead [--requests 48] [--rounds 3]
     .venv/bin/python -m bench gateway_overhead --requests 4 --rounds 1 --name gateway_overhead_quick
+    .venv/bin/python -m bench gateway_overhead --unrecorded --rounds 4 --name gateway_recording
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class Options:
     rounds: int = option(3, "rounds (3: each side goes first once)")
     concurrency: list[int] = option([1, 8], nargs="*")
     max_tokens: int = option(64, "max_tokens of each request")
+    unrecorded: bool = option(False, "a fourth side: a gateway that records no traces (--no-record)")
     name: str = option("gateway_overhead", "results file name under bench/results")
 
 
@@ -227,12 +232,19 @@ def run(opts: Options) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the bench's own embedding (the `applied` side)
     data = fresh_data_dir("ratchet-gateway-overhead-")
     settings = champion(data)
-    sides = ("direct", "applied", "gateway")
+    sides = ("direct", "applied", "gateway", *(("unrecorded",) if opts.unrecorded else ()))
+    gateways = [w for w in sides if w in ("gateway", "unrecorded")]
     rows: list[dict[str, Any]] = []
     seconds: dict[tuple[int, str], list[float]] = {}
-    own: dict[int, list[float]] = {}  # the gateway's own ms per completion (Server-Timing)
+    own: dict[tuple[int, str], list[float]] = {}  # a gateway's own ms per completion (Server-Timing)
     with embedded_server(data / "logs") as upstream, httpx.Client(timeout=600) as client:
         gw = GatewayProcess(data, upstream, data / "logs" / "gateway.log")
+        plain = (
+            GatewayProcess(data, upstream, data / "logs" / "gateway-unrecorded.log", extra=["--no-record"])
+            if opts.unrecorded
+            else None
+        )
+        urls = {"gateway": gw.url, "unrecorded": plain.url if plain else ""}
         try:
             from ratchet.flows.runtime import champion_policy
             from ratchet.skills.library import SkillLibrary
@@ -248,20 +260,20 @@ def run(opts: Options) -> None:
                 for c in opts.concurrency:
                     asked = questions(opts.requests, offset)
                     offset += opts.requests
-                    for which in sides[r % 3 :] + sides[: r % 3]:
+                    for which in sides[r % len(sides) :] + sides[: r % len(sides)]:
                         bodies = [
                             tagged(agent_request(q, opts.max_tokens), f"{which[0]}{offset + i:05d}")
                             for i, q in enumerate(asked)
                         ]
                         if which == "applied":
                             bodies = [forwarded(policy, b, chooser) for b in bodies]
-                        target = gw.url if which == "gateway" else upstream
+                        target = urls.get(which, upstream)
                         took = side(
                             client,
                             f"{target}/chat/completions",
                             bodies,
                             c,
-                            own.setdefault(c, []) if which == "gateway" else None,
+                            own.setdefault((c, which), []) if which in gateways else None,
                         )
                         seconds.setdefault((c, which), []).extend(took)
                         rows.append(
@@ -271,6 +283,8 @@ def run(opts: Options) -> None:
             memory_end = gw.memory_mb()
         finally:
             code = gw.stop()
+            if plain is not None:
+                plain.stop()
     summary: dict[str, Any] = {}
     for c in opts.concurrency:
         s: dict[str, Any] = {}
@@ -285,8 +299,14 @@ def run(opts: Options) -> None:
             a / d for a, d in zip(per["applied"], per["direct"], strict=True)
         )
         s["gateway_overhead_p50_ms"] = 1000 * (s["gateway_p50_s"] - s["applied_p50_s"])
-        s["gateway_own_p50_ms"] = statistics.median(own[c])
-        s["gateway_own_p99_ms"] = quantile(own[c], 0.99)
+        s["gateway_own_p50_ms"] = statistics.median(own[(c, "gateway")])
+        s["gateway_own_p99_ms"] = quantile(own[(c, "gateway")], 0.99)
+        if opts.unrecorded:  # what recording costs: the same gateway without it, interleaved
+            s["unrecorded_own_p50_ms"] = statistics.median(own[(c, "unrecorded")])
+            s["unrecorded_own_p99_ms"] = quantile(own[(c, "unrecorded")], 0.99)
+            s["recorded_vs_unrecorded_ratio"] = statistics.median(
+                g / u for g, u in zip(per["gateway"], per["unrecorded"], strict=True)
+            )
         # the gateway's own share of a request at p50 and at p99 (its own p99 against the p99 request's)
         s["own_share_p50"] = s["gateway_own_p50_ms"] / (1000 * s["gateway_p50_s"])
         s["own_share_p99"] = s["gateway_own_p99_ms"] / (1000 * s["gateway_p99_s"])
@@ -298,6 +318,15 @@ def run(opts: Options) -> None:
             f"{s['gateway_own_p50_ms']:.1f} ms p50 ({100 * s['own_share_p50']:.2f}%), "
             f"{s['gateway_own_p99_ms']:.1f} ms p99 ({100 * s['own_share_p99']:.2f}%)"
         )
+        if opts.unrecorded:
+            print(
+                f"{c} in flight, recording: gateway {s['gateway_p50_s']:.3f} s p50 / "
+                f"{s['gateway_p99_s']:.3f} s p99 against unrecorded {s['unrecorded_p50_s']:.3f} / "
+                f"{s['unrecorded_p99_s']:.3f} s "
+                f"(ratio {s['recorded_vs_unrecorded_ratio']:.3f}); own {s['gateway_own_p50_ms']:.1f} / "
+                f"{s['gateway_own_p99_ms']:.1f} ms against {s['unrecorded_own_p50_ms']:.1f} / "
+                f"{s['unrecorded_own_p99_ms']:.1f} ms"
+            )
     memory = {"warm": memory_warm, "end": memory_end}
     print(f"gateway memory: {memory}")
     result = {"rows": rows, "summary": summary, "gateway_memory_mb": memory, "gateway_exit": code}

@@ -268,3 +268,71 @@ def test_a_gateway_that_does_not_record_has_no_feedback(tmp_path: Path, upstream
         got = _ask(gw, "How many meters are in 8 km?")
         assert TRACE_HEADER not in got.headers
         assert _feedback(gw, {"trace_id": "tr-" + "1" * 32, "score": 1}).status_code == 404
+
+
+# --- the next generation plays what was learned (the real embedded server) -------------------
+
+
+def _record_use(settings: Settings, question: str, expected: float) -> str:
+    """One gateway answer and a user's expected answer, written as the gateway writes them."""
+    from mlflow.entities import AssessmentSource, SpanType
+
+    from ratchet.flows import tracking
+    from ratchet.gateway.record import EXPECTED, GATEWAY, SOURCE
+
+    exp = tracking.setup_experiment(settings)
+    messages = [{"role": "system", "content": "Answer."}, {"role": "user", "content": question}]
+    span = mlflow.start_span_no_context(
+        "gateway chat",
+        span_type=SpanType.CHAT_MODEL,
+        inputs={"messages": messages},
+        tags={SOURCE: GATEWAY},
+        experiment_id=exp,
+    )
+    span.set_outputs({"choices": [{"message": {"role": "assistant", "content": "no idea"}}]})
+    span.end()
+    mlflow.flush_trace_async_logging()
+    human = AssessmentSource(source_type="HUMAN", source_id="ana")
+    mlflow.log_expectation(trace_id=span.trace_id, name=EXPECTED, value=expected, source=human)
+    return str(span.trace_id)
+
+
+@pytest.mark.integration
+def test_the_next_generation_explores_what_use_taught(
+    embedded_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ratchet.flows.evolve import generation_flow
+    from ratchet.flows.launch import run_flow
+    from ratchet.memory.trajectory_store import open_store
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "units"
+    monkeypatch.chdir(example)  # the example's scorer
+    settings = load_settings(
+        {
+            "data_dir": tmp_path / "data",
+            "tasks.file": example / "tasks.jsonl",
+            "tasks.score": "score:score",
+            "tasks.max_steps": 2,
+            "traffic.learn": True,
+            "splits.train": 2,
+            "explore.rollouts_per_task": 1,
+            "trace_sample_rate": 0.0,
+        }
+    )
+    questions = [f"Quick question: {n} km is how many meters?" for n in range(2, 40)]
+    for n, q in enumerate(questions, 2):
+        _record_use(settings, q, n * 1000.0)
+    train = [q for q in questions if split_of(item_id(q)) == "train"]
+    result = run_flow(
+        generation_flow, settings, generation=1, base_url=embedded_server, stages=["collect", "explore"]
+    )
+    assert result.stages["collect"].collected.new == len(questions)
+    played = open_store(settings.trajectories_db).query(evolution="default", generation=1, split="train")
+    learned = [t for t in played if t.task_id.rsplit(":", 1)[-1].startswith("p-")]
+    assert len(played) == 2 and len(learned) == 1  # a half of two train tasks came from use
+    assert learned[0].instruction == train[0] and learned[0].status == "finished"
+    # collecting again finds nothing new, and every learned item stays as it was
+    again = run_flow(generation_flow, settings, generation=1, base_url=embedded_server, stages=["collect"])
+    assert again.stages["collect"].collected.new == 0 and again.stages["collect"].collected.items == len(
+        questions
+    )
