@@ -26,6 +26,7 @@ Writes bench/results/<name>.json.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -54,6 +55,7 @@ class Options:
     questions: int = option(160, "new questions in the stream")
     expected: float = option(0.6, "share of train and dev questions whose user gives the right answer")
     seed: int = option(2026, "seed of the stream")
+    work: Path | None = option(None, "resume the run in this work dir (each finished phase is kept)")
     name: str = option("traffic_learning", "results file name under bench/results")
 
 
@@ -193,10 +195,12 @@ def run(opts: Options) -> int:
     questions = stream(opts.questions, opts.seed)
     held_out = [q for q in questions if split_of(item_id(q["input"])) == "test"]
     served = [q for q in questions if split_of(item_id(q["input"])) != "test"]
-    work = fresh_data_dir("ratchet-traffic-learning-")
+    work = opts.work or fresh_data_dir("ratchet-traffic-learning-")
     learn_dir, plain_dir = work / "learn", work / "plain"
-    learn_dir.mkdir()
-    (learn_dir / "models").symlink_to((work / "models").resolve(), target_is_directory=True)
+    if not learn_dir.exists():
+        learn_dir.mkdir()
+        (learn_dir / "models").symlink_to((work / "models").resolve(), target_is_directory=True)
+    kept = work / "use.json"  # the gateway phase, done once: a resumed run reads it back
     result: dict[str, Any] = {
         "questions": len(questions),
         "held_out": len(held_out),
@@ -217,25 +221,31 @@ def run(opts: Options) -> int:
         base = settings_for(learn_dir, learn=True)
         evolve_flow(settings=base, generations=0, base_url=url)
         lap("generation 0")
-        gw = GatewayProcess(
-            learn_dir, url, work / "logs" / "gateway-use.log", extra=["--temperature", "0", "--allow-base"]
-        )
-        try:
-            before_served = play(base, gw.url, served)
-            result["served_success_before"] = sum(before_served.values())
-            lap("serve the stream")
-            result["feedback"] = give_feedback(
-                gw, learn_dir, base, served, before_served, opts.expected, opts.seed
+        if not kept.exists():
+            gw = GatewayProcess(
+                learn_dir,
+                url,
+                work / "logs" / "gateway-use.log",
+                extra=["--temperature", "0", "--allow-base"],
             )
-            lap("feedback")
-            before = play(base, gw.url, held_out)
-        finally:
-            gw.stop()
+            try:
+                before_served = play(base, gw.url, served)
+                lap("serve the stream")
+                feedback = give_feedback(gw, learn_dir, base, served, before_served, opts.expected, opts.seed)
+                lap("feedback")
+                before = play(base, gw.url, held_out)
+                lap("held out, generation 0")
+            finally:
+                gw.stop()
+            kept.write_text(json.dumps({"served": before_served, "feedback": feedback, "held_out": before}))
+        use = json.loads(kept.read_text())
+        before = use["held_out"]
+        result["served_success_before"] = sum(use["served"].values())
+        result["feedback"] = use["feedback"]
         result["held_out_before"] = sum(before.values())
-        lap("held out, generation 0")
-        shutil.copytree(
-            learn_dir, plain_dir, symlinks=True, ignore=shutil.ignore_patterns("prefect", "logs", "run")
-        )
+        if not plain_dir.exists():
+            ignore = shutil.ignore_patterns("prefect", "logs", "run")
+            shutil.copytree(learn_dir, plain_dir, symlinks=True, ignore=ignore)
         arms: dict[str, Any] = {}
         for arm, data in (("learn", learn_dir), ("plain", plain_dir)):
             settings = settings_for(data, learn=arm == "learn")
