@@ -336,3 +336,35 @@ def test_the_next_generation_explores_what_use_taught(
     assert again.stages["collect"].collected.new == 0 and again.stages["collect"].collected.items == len(
         questions
     )
+
+
+def test_a_streamed_tool_call_is_recorded_whole() -> None:
+    from ratchet.gateway.record import Recording
+
+    rec = Recording(span=None)
+    pieces = [
+        {"choices": [{"delta": {"role": "assistant", "content": None}}]},
+        {
+            "choices": [
+                {"delta": {"tool_calls": [{"index": 0, "function": {"name": "conv", "arguments": '{"v'}}]}}
+            ]
+        },
+        {
+            "choices": [
+                {"delta": {"tool_calls": [{"index": 0, "function": {"name": "ert", "arguments": '": 3}'}}]}}
+            ]
+        },
+        {
+            "choices": [
+                {"delta": {"tool_calls": [{"index": 1, "function": {"name": "x", "arguments": "{}"}}]}}
+            ]
+        },
+        {"choices": ["not a choice", {"delta": "nor a delta"}]},
+        {"choices": [{"delta": {"content": "done"}, "finish_reason": "tool_calls"}]},
+    ]
+    for chunk in pieces:
+        rec.chunk(chunk)
+    message = rec.streamed()["choices"][0]["message"]
+    assert message["content"] == "done"
+    calls = [c["function"] for c in message["tool_calls"]]
+    assert calls == [{"name": "convert", "arguments": '{"v": 3}'}, {"name": "x", "arguments": "{}"}]
