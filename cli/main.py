@@ -252,6 +252,12 @@ def evolve(
     test: Annotated[int | None, typer.Option(help="test tasks per subset")] = None,
     k: Annotated[int | None, typer.Option("-k", help="rollouts per train task")] = None,
     dev: Annotated[int | None, typer.Option(help="dev tasks per subset (the gate's budget)")] = None,
+    extend: Annotated[
+        bool,
+        typer.Option(
+            "--extend", help="N more generations after the last finished one (as the nightly schedule runs)"
+        ),
+    ] = False,
 ) -> None:
     """Evolve: generation 0 is the baseline, then explore → … → evaluate per generation (rerun = resume)."""
     with guard():
@@ -272,7 +278,7 @@ def evolve(
 
         _start_prefect(settings)
         with _progress(settings):
-            journal = evolve_flow(settings=settings)
+            journal = evolve_flow(settings=settings, extend=extend)
         print_evolution(settings, journal)
 
 

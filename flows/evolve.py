@@ -59,16 +59,19 @@ def evolve_flow(
     base_url: str | None = None,
     config: str | None = None,
     overrides: dict[str, Any] | None = None,
+    extend: bool = False,
 ) -> Journal:
-    """Generations 0..N of the evolution (N = `evolve.generations`, at least 1).
+    """Generations 0..N of the evolution (N = `evolve.generations`, at least 1). With `extend`
+    (the nightly schedule), N more after the last finished generation once one has finished:
+    each scheduled run goes further, and plays what was learned from use since the last.
 
     A deployment passes `config` (a ratchet.toml path) and `overrides` (dotted keys, no
     secrets) instead of `settings`: the Prefect server stores parameters as JSON."""
     settings = settings or settings_from(config, overrides)
     keep_service_logs(settings.logs_dir)  # a deployment's run, too
-    last = generations if generations is not None else settings.evolve.generations
     check_settings(settings)
     journal = Journal.load(settings)
+    last = last_generation(journal, settings, generations, extend)
     with model_endpoint(settings, base_url) as url:
         for generation in range(last + 1):
             for name in loop.stages_of(generation, settings):
@@ -85,6 +88,14 @@ def evolve_flow(
                     ]
                     tracking.log_success_curve(settings, points)
     return journal
+
+
+def last_generation(journal: Journal, settings: Settings, generations: int | None, extend: bool) -> int:
+    """The last generation this run plays: N (`generations`, else `evolve.generations`), or with
+    `extend` N after the last finished one (a killed generation is resumed within those N)."""
+    n = generations if generations is not None else settings.evolve.generations
+    finished = journal.finished_through(settings) if extend else 0
+    return n if finished < 1 else finished + n
 
 
 @dataclass

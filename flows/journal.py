@@ -114,6 +114,14 @@ class Journal:
     def done(self, generation: int, stage: str) -> bool:
         return any(r.generation == generation and r.stage == stage for r in self.records)
 
+    def finished_through(self, settings: Settings) -> int:
+        """The last generation every earlier one finished with every stage (-1: not even the
+        baseline), under `settings` (a stage they leave out is not waited for)."""
+        g = -1
+        while all(self.done(g + 1, stage) for stage in loop.stages_of(g + 1, settings)):
+            g += 1
+        return g
+
     def record(
         self,
         generation: int,

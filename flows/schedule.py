@@ -36,6 +36,7 @@ class Declared:
     tags: tuple[str, ...]
     cron: str | None  # None: runs only when started
     timezone: str = "UTC"
+    parameters: tuple[tuple[str, Any], ...] = ()  # the file's own, beside the settings file's path
 
     def flow(self) -> Any:
         """The flow object the entrypoint names (the project's own module, already imported)."""
@@ -64,6 +65,7 @@ def declared() -> tuple[Declared, ...]:
                     tags=tuple(d.get("tags") or ()),
                     cron=schedule.get("cron"),
                     timezone=schedule.get("timezone", "UTC"),
+                    parameters=tuple((k, v) for k, v in (d.get("parameters") or {}).items() if k != "config"),
                 )
             )
     except (OSError, yaml.YAMLError, KeyError, TypeError, IndexError) as exc:
@@ -97,7 +99,7 @@ def build(
             d.flow().to_deployment(
                 name=d.name,
                 schedule=schedule,
-                parameters=params,
+                parameters=dict(d.parameters) | params,
                 description=d.description,
                 tags=list(d.tags),
                 enforce_parameter_schema=False,

@@ -63,6 +63,7 @@ def test_deploy_registers_the_nightly_schedule_and_a_run_executes(
             (schedule,) = deployment.schedules
             assert schedule.schedule.cron == "0 2 * * *" and schedule.active
             assert deployment.parameters["overrides"]["data_dir"] == str(data.resolve())
+            assert deployment.parameters["extend"] is True
             assert not found["promote/promote"].schedules
 
             # run it once now (generation 0 only: the baseline evaluation), as the schedule would
@@ -134,6 +135,35 @@ def test_the_deployments_are_declared_once_in_prefect_yaml() -> None:
     assert [d.entrypoint.split(":")[-1] for d in built] == [d["entrypoint"].split(":")[-1] for d in spec]
     nightly, promote = built
     assert nightly.schedules[0].schedule.cron == spec[0]["schedules"][0]["cron"]
+    assert nightly.parameters["extend"] is True and "extend" not in promote.parameters  # each night goes on
     assert not promote.schedules and promote.flow_name == "promote"
     (other,) = build(None, {}, cron="5 4 * * *")[0].schedules
     assert other.schedule.cron == "5 4 * * *"
+
+
+def test_each_scheduled_run_goes_further_and_a_killed_night_is_resumed_first(tmp_path: Path) -> None:
+    """`extend`: the first night plays the baseline and N generations, each later night N more;
+    a generation a kill cut short is finished within the next night's N, not skipped."""
+    from ratchet.config import load_settings
+    from ratchet.flows.evolve import last_generation
+    from ratchet.flows.journal import Journal, StageRecord
+    from ratchet.flows.loop import stages_of
+
+    settings = load_settings({"data_dir": tmp_path, "evolve.generations": 2})
+    journal = Journal(tmp_path / "j.json", "default")
+
+    def play(generation: int, stages: tuple[str, ...] | None = None) -> None:
+        for stage in stages if stages is not None else stages_of(generation, settings):
+            journal.records.append(StageRecord(generation, stage, {}, 1.0, "now"))
+
+    assert last_generation(journal, settings, None, extend=True) == 2  # a first night: 0, 1, 2
+    play(0)
+    assert last_generation(journal, settings, None, extend=True) == 2  # only the baseline was done
+    play(1)
+    play(2)
+    assert journal.finished_through(settings) == 2
+    assert last_generation(journal, settings, None, extend=True) == 4  # the next night: 3 and 4
+    assert last_generation(journal, settings, None, extend=False) == 2  # `ratchet evolve`: 0..N, done
+    play(3, ("explore", "diagnose"))  # a night killed in generation 3
+    assert journal.finished_through(settings) == 2
+    assert last_generation(journal, settings, 1, extend=True) == 3  # generation 3 is finished first
