@@ -33,7 +33,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import mlflow
+
+# isort: off
+# first: the registry's hook imports scikit-learn under MLflow's lock (flows/mlflow_imports.py)
+from ratchet.flows import mlflow_imports  # noqa: F401
 import mlflow.models.evaluation.evaluator_registry  # noqa: F401 - see _finished_rows
+
+# isort: on
 from mlflow.entities import Feedback
 from mlflow.genai.evaluation import base as genai_evaluation
 from mlflow.genai.scorers import scorer

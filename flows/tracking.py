@@ -18,7 +18,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from ratchet.config import Settings
-from ratchet.flows import traces
+from ratchet.flows import mlflow_imports, traces  # noqa: F401 - mlflow_imports: patched on import
 from ratchet.types import Trajectory
 
 KIND, EVOLUTION, GENERATION = "ratchet.kind", "ratchet.evolution", "ratchet.generation"

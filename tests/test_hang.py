@@ -50,6 +50,56 @@ def test_a_gate_evaluation_cannot_deadlock_against_the_trace_exporter(tmp_path: 
     assert done.returncode == 0 and "OK" in done.stderr, done.stderr[-4000:]
 
 
+HOOK_HOLDER = r"""
+import sys, threading, time
+from pathlib import Path
+
+if sys.argv[2] == "guarded":
+    import ratchet.flows.mlflow_imports  # noqa: F401 - what every flow that uses MLflow imports
+from mlflow.utils import import_hooks
+
+mods = Path(sys.argv[1])
+(mods / "under_hook.py").write_text("import time, in_thread_b_wait\ntime.sleep(1.0)\nimport then_more\n")
+(mods / "in_thread_b_wait.py").write_text("")
+(mods / "then_more.py").write_text("")
+(mods / "prefects_lazy_import.py").write_text("")
+sys.path.insert(0, str(mods))
+import_hooks.register_post_import_hook(lambda m: None, "a_hooked_module")  # its finder on meta_path
+
+
+def hook_holder():  # MLflow running a post-import hook that imports (its evaluator registry's)
+    with import_hooks._post_import_hooks_lock:
+        import under_hook  # noqa: F401
+
+
+def other_thread():  # Prefect's events thread loading a module for the first time
+    time.sleep(0.3)
+    import prefects_lazy_import  # noqa: F401
+
+
+threads = [threading.Thread(target=f, daemon=True) for f in (hook_holder, other_thread)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(timeout=20)
+print("DEADLOCK" if any(t.is_alive() for t in threads) else "OK", flush=True)
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_an_import_in_another_thread_cannot_deadlock_against_an_mlflow_hook(
+    tmp_path: Path, guarded: bool
+) -> None:
+    """MLflow holds its hook lock while a hook imports; a thread importing an unhooked module
+    for the first time takes Python's import lock, then asked MLflow's finder, which waited for
+    the hook lock: each held what the other waited for (a benchmark's evolve hung there at its
+    first stage). Guarded (`flows/mlflow_imports.py`), the finder answers for an unhooked module
+    without the lock. Unguarded, the same child deadlocks: the test shows the order is forced."""
+    argv = [sys.executable, "-c", HOOK_HOLDER, str(tmp_path), "guarded" if guarded else "bare"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == ("OK" if guarded else "DEADLOCK"), done.stderr[-3000:]
+
+
 # ~1-3 min on 2 busy cores; CI runs the forced order above. Run it in a loop with the cores
 # loaded (bench/RESULTS.md has the rounds): `pytest -m slow tests/test_hang.py -k many`
 @pytest.mark.slow
