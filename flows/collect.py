@@ -1,9 +1,10 @@
 """The `collect` stage: what the gateway met in use becomes this generation's tasks.
 
 It runs first in each generation after the baseline, and only with `traffic.learn`
-(`flows/traffic.py` says what it reads and writes). The journal records it like any stage, so
-a generation resumed after a kill plays the tasks it started with: traffic that arrives later
-joins the next generation.
+(`flows/traffic.py` says what it reads and writes). Answers marked wrong without the right
+one are stored as this generation's failed train trajectories of origin "use", for diagnose.
+The journal records it like any stage, so a generation resumed after a kill plays the tasks it
+started with: traffic that arrives later joins the next generation.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from prefect import flow
 
 from ratchet.config import Settings
 from ratchet.flows import tracking
-from ratchet.flows.traffic import Collected, collect
+from ratchet.flows.traffic import Collected, collect, failure_trajectories
+from ratchet.memory.trajectory_store import open_store
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,7 +37,7 @@ class CollectResult:
         console.print(
             f"collect: {c.new} new tasks from use ({c.items} learned: {split}); {c.duplicates} seen "
             f"before, {c.conflicts} conflicting answers, {c.flagged} flagged by the screen, "
-            f"{c.failures} marked wrong without an answer (for diagnose)",
+            f"{c.failures} marked wrong without an answer (stored for diagnose)",
             highlight=False,
         )
 
@@ -45,6 +47,9 @@ def collect_flow(settings: Settings, generation: int = 0, base_url: str | None =
     """Read the gateway's traces and feedback into the learned task file (nothing without
     `traffic.learn`)."""
     found = collect(settings)
+    store = open_store(settings.trajectories_db)
+    for failed in failure_trajectories(settings, found.failed, generation):
+        store.put(failed)  # keyed by generation and request: a rerun writes the same rows
     with tracking.generation_run(settings, generation):
         counts = {f"collect_{k}": float(v) for k, v in found.summary().items() if isinstance(v, int)}
         mlflow.log_metrics(counts)

@@ -20,7 +20,8 @@ verdict as assessments on it (`gateway/record.py`): a HUMAN expectation `expecte
 The items are kept in `Settings.traffic_file`, rewritten whole through a rename: learned items
 are kept even when their traces are deleted. A request marked wrong that has no expected answer
 has no verifier, so it never becomes a task or scores an arm of the gate: it is written to the
-failures file beside it, for diagnose to read as a failure of the policy that served it.
+failures file beside it, and `failure_trajectories` makes it a failed train trajectory of the
+generation (origin "use") for diagnose to read as a failure of the policy that served it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ratchet.flows import tracking
 from ratchet.hashing import canonical_json, content_hash
 from ratchet.skills.screen import Screen
 from ratchet.suites.task_file import TaskFileSuite, read_items, split_of
+from ratchet.types import Step, Trajectory, trajectory_id
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +238,48 @@ def _learned(path: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         return {}
     return read_items(path, "learned task file", "move it aside; the next collection writes it again")
+
+
+def failure_trajectories(
+    settings: Settings, failures: Iterable[dict[str, Any]], generation: int
+) -> list[Trajectory]:
+    """Each answer marked wrong without an expected answer (`collect`'s failures) as a failed
+    train trajectory of `generation`, `origin = "use"`: one step, the request and the answer.
+    Diagnose reads them beside the generation's own failures, so their causes reach distill's
+    clusters; their task ids (`use-…`) are no item of the suite, so no split plays them and no
+    arm of the gate is scored on them."""
+    suite = TaskFileSuite(settings.tasks)
+    subset = suite.subsets[0]
+    out = []
+    for f in failures:
+        key = "use-" + content_hash(["traffic", normal(f["input"])], length=12)
+        task = suite.new_task(
+            subset, "train", key, instruction=f["input"], max_steps=1, spec={"input": f["input"]}
+        )
+        step = Step(index=0, observation=f["input"], message=f["reply"])
+        out.append(
+            Trajectory(
+                id=trajectory_id(settings.evolution, generation, task.id, 0),
+                evolution=settings.evolution,
+                generation=generation,
+                task_id=task.id,
+                suite=task.suite,
+                suite_version=suite.version,
+                subset=subset,
+                split="train",
+                rollout=0,
+                seed=0,
+                policy_version=f["policy"],
+                origin="use",
+                instruction=f["input"],
+                steps=[step],
+                done=True,
+                max_steps=1,
+                answer=f["reply"],
+                error=None,
+            )
+        )
+    return out
 
 
 def _failure(s: Served) -> dict[str, Any]:

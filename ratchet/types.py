@@ -181,6 +181,11 @@ class Trajectory(BaseModel):
     seed: int = Field(description="sampling seed of this rollout")
     policy_version: str
     kind: Literal["agent", "expert"] = "agent"
+    origin: Literal["rollout", "use"] = Field(
+        default="rollout",
+        description="'use': not played here, an answer the gateway served that its user marked wrong "
+        "without the right one (`flows/traffic.py`): a failure diagnose reads, on no task of any split",
+    )
     instruction: str = ""
     prompt: PromptRecord | None = Field(default=None, description="the fixed part of the actor's prompt")
     steps: list[Step] = Field(default_factory=list)

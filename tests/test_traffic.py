@@ -273,8 +273,10 @@ def test_a_gateway_that_does_not_record_has_no_feedback(tmp_path: Path, upstream
 # --- the next generation plays what was learned (the real embedded server) -------------------
 
 
-def _record_use(settings: Settings, question: str, expected: float) -> str:
-    """One gateway answer and a user's expected answer, written as the gateway writes them."""
+def _record_use(
+    settings: Settings, question: str, expected: float | None, verdict: bool | None = None
+) -> str:
+    """One gateway answer and what its user said, written as the gateway writes them."""
     from mlflow.entities import AssessmentSource, SpanType
 
     from ratchet.flows import tracking
@@ -293,7 +295,10 @@ def _record_use(settings: Settings, question: str, expected: float) -> str:
     span.end()
     mlflow.flush_trace_async_logging()
     human = AssessmentSource(source_type="HUMAN", source_id="ana")
-    mlflow.log_expectation(trace_id=span.trace_id, name=EXPECTED, value=expected, source=human)
+    if expected is not None:
+        mlflow.log_expectation(trace_id=span.trace_id, name=EXPECTED, value=expected, source=human)
+    if verdict is not None:
+        mlflow.log_feedback(trace_id=span.trace_id, name="user_feedback", value=verdict, source=human)
     return str(span.trace_id)
 
 
@@ -317,25 +322,31 @@ def test_the_next_generation_explores_what_use_taught(
             "splits.train": 2,
             "explore.rollouts_per_task": 1,
             "trace_sample_rate": 0.0,
+            "diagnose.judge": False,
         }
     )
     questions = [f"Quick question: {n} km is how many meters?" for n in range(2, 40)]
     for n, q in enumerate(questions, 2):
         _record_use(settings, q, n * 1000.0)
+    wrong = "How far is 3 leagues in furlongs?"
+    _record_use(settings, wrong, None, verdict=False)  # a "no" without the right answer
     train = [q for q in questions if split_of(item_id(q)) == "train"]
-    result = run_flow(
-        generation_flow, settings, generation=1, base_url=embedded_server, stages=["collect", "explore"]
-    )
+    stages = ["collect", "explore", "diagnose"]
+    result = run_flow(generation_flow, settings, generation=1, base_url=embedded_server, stages=stages)
     assert result.stages["collect"].collected.new == len(questions)
-    played = open_store(settings.trajectories_db).query(evolution="default", generation=1, split="train")
+    store = open_store(settings.trajectories_db)
+    rows = store.query(evolution="default", generation=1, split="train")
+    played = [t for t in rows if t.origin == "rollout"]
     learned = [t for t in played if t.task_id.rsplit(":", 1)[-1].startswith("p-")]
     assert len(played) == 2 and len(learned) == 1  # a half of two train tasks came from use
     assert learned[0].instruction == train[0] and learned[0].status == "finished"
+    (used,) = [t for t in rows if t.origin == "use"]  # the "no", stored for diagnose, played by nobody
+    assert used.instruction == wrong and not used.success and used.steps[0].message == "no idea"
+    assert used.id in {d.trajectory_id for d in store.diagnoses("default", 1)}  # diagnose read it
     # collecting again finds nothing new, and every learned item stays as it was
     again = run_flow(generation_flow, settings, generation=1, base_url=embedded_server, stages=["collect"])
-    assert again.stages["collect"].collected.new == 0 and again.stages["collect"].collected.items == len(
-        questions
-    )
+    collected = again.stages["collect"].collected
+    assert collected.new == 0 and collected.items == len(questions)
 
 
 def test_a_streamed_tool_call_is_recorded_whole() -> None:
@@ -368,3 +379,40 @@ def test_a_streamed_tool_call_is_recorded_whole() -> None:
     assert message["content"] == "done"
     calls = [c["function"] for c in message["tool_calls"]]
     assert calls == [{"name": "convert", "arguments": '{"v": 3}'}, {"name": "x", "arguments": "{}"}]
+
+
+def test_a_no_without_the_right_answer_is_a_failure_no_split_plays(tmp_path: Path) -> None:
+    from ratchet.flows.traffic import failure_trajectories
+
+    settings = _settings(tmp_path)
+    found = collect(settings, [_served("What is 9 furlongs in yards?", None, verdict=0.0, at=7)])
+    (failed,) = failure_trajectories(settings, found.failed, generation=3)
+    assert (failed.origin, failed.split, failed.generation, failed.success) == ("use", "train", 3, False)
+    assert failed.policy_version == "p1" and failed.steps[0].observation == "What is 9 furlongs in yards?"
+    suite = TaskFileSuite(settings.tasks, learned=settings.traffic_file)
+    key = failed.task_id.rsplit(":", 1)[-1]
+    assert key.startswith("use-") and key not in suite.items  # no split can play it
+    for split in ("train", "dev", "test"):
+        assert key not in suite.split_seeds("", split, 10)
+    again = failure_trajectories(settings, found.failed, generation=3)
+    assert [t.id for t in again] == [failed.id]  # a rerun of the stage writes the same row
+
+
+def test_the_traffic_command_counts_without_writing_and_needs_a_task_file(tmp_path: Path) -> None:
+    from tests.test_cli import assert_one_line_error, ratchet
+
+    assert_one_line_error(ratchet("traffic", "collect", cwd=tmp_path), "no task file is set", "tasks.file")
+    assert not (tmp_path / "data" / "traffic").exists()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(i) + "\n" for i in FILE_ITEMS))
+    settings = _settings(tmp_path)
+    _record_use(settings, "How many feet are in 3 miles?", 15840.0)
+    config = ["--config", str(tmp_path / "ratchet.toml")]
+    (tmp_path / "ratchet.toml").write_text(f'[tasks]\nfile = "{tasks}"\nscore = "score:score"\n')
+    dry = ratchet(*config, "traffic", "collect", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "would learn 1 new tasks" in dry.stdout and "traffic.learn is off" in dry.stdout
+    assert not settings.traffic_file.exists()  # a dry run writes nothing
+    done = ratchet(*config, "traffic", "collect", cwd=tmp_path)
+    assert done.returncode == 0 and "learned 1 new tasks" in done.stdout, done.stderr
+    assert settings.traffic_file.is_file()
