@@ -227,6 +227,13 @@ def test_feedback_needs_the_token_and_bad_feedback_writes_nothing(learning: tupl
         message = got.json()["error"]["message"]
         assert "\n" not in message and message
     assert _assessments(trace_id) == []  # nothing of any of them was written
+    # the loop's own traces live in the same experiment: feedback on one of them (to slip a task
+    # in through a rollout's trace) is refused as a trace this gateway never served
+    rollout = mlflow.start_span_no_context("explore t #0", experiment_id=gw.app.state.recorder.experiment_id)
+    rollout.end()
+    mlflow.flush_trace_async_logging()
+    refused = _feedback(gw, {"trace_id": rollout.trace_id, "expected": 1.0})
+    assert refused.status_code == 404 and _assessments(rollout.trace_id) == []
 
 
 def test_feedback_lands_in_mlflow_and_becomes_a_task(learning: tuple[Settings, Gateway]) -> None:
