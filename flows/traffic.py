@@ -195,12 +195,15 @@ def collect(settings: Settings, traffic: Iterable[Served] | None = None, write: 
         key = normal(s.request)
         if not key:
             continue
-        if not s.expected:
-            if s.negative and key not in failures and not screen.problems(s.request):
-                failures[key] = _failure(s)
-            continue
         if len(s.request) > MAX_INPUT:
             out.too_long += 1
+            continue
+        if not s.expected:  # a "no" is a failure for diagnose; a "yes" alone teaches nothing
+            if s.negative and key not in failures:
+                if screen.problems(s.request):
+                    out.flagged += 1
+                else:
+                    failures[key] = _failure(s)
             continue
         expected = s.expected[0]
         shown = expected if isinstance(expected, str) else canonical_json(expected)
