@@ -114,7 +114,7 @@ def latest_traces(settings: Any, wanted: set[str], wait_s: float = 120) -> dict[
     import mlflow
 
     from ratchet.flows import tracking
-    from ratchet.flows.traffic import _first_user_text
+    from ratchet.skills.calls import task_text
 
     exp = tracking.setup_experiment(settings)
     deadline = time.monotonic() + wait_s
@@ -124,7 +124,7 @@ def latest_traces(settings: Any, wanted: set[str], wait_s: float = 120) -> dict[
             locations=[exp], filter_string="tags.`ratchet.source` = 'gateway'", return_type="list"
         ):
             spans = t.data.spans
-            text = _first_user_text(spans[0].inputs.get("messages", [])) if spans else ""
+            text = task_text(spans[0].inputs.get("messages", [])) if spans else ""
             at = int(t.info.request_time or 0)
             if text in wanted and at >= found.get(text, (-1, ""))[0]:
                 found[text] = (at, t.info.trace_id)

@@ -41,6 +41,7 @@ from ratchet.config import Settings
 from ratchet.files import write_text_atomic
 from ratchet.flows import tracking
 from ratchet.hashing import canonical_json, content_hash
+from ratchet.skills.calls import task_text, text_of
 from ratchet.skills.screen import Screen
 from ratchet.suites.task_file import TaskFileSuite, read_items, split_of
 from ratchet.types import Step, Trajectory, trajectory_id
@@ -153,7 +154,7 @@ def _served(trace: Any, said: list[Any]) -> Served:
         trace_id=info.trace_id,
         at_ms=int(info.request_time or 0),
         policy=info.tags.get(POLICY_TAG, ""),
-        request=_first_user_text(messages),
+        request=task_text(messages),
         reply=_reply_text(outputs),
         expected=expected,
         verdicts=tuple(verdicts),
@@ -161,30 +162,18 @@ def _served(trace: Any, said: list[Any]) -> Served:
     )
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI's content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
-
-
-def _first_user_text(messages: list[Any]) -> str:
-    users = (m for m in messages if isinstance(m, dict) and m.get("role") == "user")
-    return next((_text(m.get("content")) for m in users), "")
-
-
 def _reply_text(outputs: dict[str, Any]) -> str:
     choices = outputs.get("choices") if isinstance(outputs.get("choices"), list) else []
     message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
-    return _text(message.get("content")) if isinstance(message, dict) else ""
+    return text_of(message.get("content")) if isinstance(message, dict) else ""
 
 
 def collect(settings: Settings, traffic: Iterable[Served] | None = None, write: bool = True) -> Collected:
     """Turn what was served (`served(settings)` unless given) into learned items and failures;
     `write=False` counts without writing."""
     suite = TaskFileSuite(settings.tasks)
-    file_inputs = {normal(_text(i["input"]) or canonical_json(i["input"])) for i in suite.own_items.values()}
+    own = suite.own_items.values()
+    file_inputs = {normal(text_of(i["input"]) or canonical_json(i["input"])) for i in own}
     path, field_name = settings.traffic_file, settings.traffic.expectation
     items = _learned(path)
     screen = Screen()
@@ -226,7 +215,7 @@ def collect(settings: Settings, traffic: Iterable[Served] | None = None, write: 
                 "from_use": {"trace": s.trace_id, "policy": s.policy, "at": at},
             }
             out.new += 1
-    learned = {normal(_text(v["input"])) for v in items.values()}
+    learned = {normal(text_of(v["input"])) for v in items.values()}
     failures = {k: f for k, f in failures.items() if k not in learned and k not in file_inputs}
     out.items, out.failures, out.failed = len(items), len(failures), list(failures.values())
     out.by_split = {sp: sum(split_of(k) == sp for k in items) for sp in ("train", "dev", "test")}

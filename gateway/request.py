@@ -21,7 +21,7 @@ from ratchet.endpoint.app import NotJSON, shape_problem, strict_json
 from ratchet.endpoint.apply import reply_call, tried_before
 from ratchet.memory.retrieval import Chosen, SkillRetriever
 from ratchet.memory.vector_index import VectorIndex
-from ratchet.skills.calls import apply_request, for_task, latest_observation, text_of
+from ratchet.skills.calls import apply_request, for_task, latest_observation, task_text
 from ratchet.types import Policy, ToolCall, Tried
 
 
@@ -59,11 +59,6 @@ def parse(raw: bytes) -> dict[str, Any]:
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("'stream' must be true or false")
     return cast(dict[str, Any], body)
-
-
-def task_text(messages: list[dict[str, Any]]) -> str:
-    """What the task is: the text of the first user message ('' if there is none)."""
-    return next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
 
 
 def tried_in(messages: list[dict[str, Any]]) -> list[Tried]:

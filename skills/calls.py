@@ -88,6 +88,13 @@ def apply_request(policy: Policy, body: dict[str, Any], tried: Sequence[Tried] =
     return AppliedRequest(sent, list(call.fired), menu_entries(specs) if specs else None)
 
 
+def task_text(messages: list[Any]) -> str:
+    """What the task is: the text of the first user message ('' if there is none). The gateway
+    chooses a request's skills by it, and a request learned from use is this task."""
+    users = (m for m in messages if isinstance(m, dict) and m.get("role") == "user")
+    return next((text_of(m.get("content")) for m in users), "")
+
+
 def text_of(content: Any) -> str:
     """A message's content as text: a string, or the text parts of a list of parts."""
     if isinstance(content, str):
